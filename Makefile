@@ -1,0 +1,38 @@
+# Every target sets up .venv by itself; a fresh machine needs only Python 3.11+.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: run test lint bench format clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,bench]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/python examples/tour.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+test: lint
+	$(BIN)/pytest
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+# Pins every installed version, so an install from constraints.txt is reproducible.
+constraints: $(STAMP)
+	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^-e' > constraints.txt
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

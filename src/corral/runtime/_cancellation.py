@@ -1,0 +1,169 @@
+"""``Cancellation``: the concrete cooperative stop button of a run."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from corral.kernel import SYSTEM_CLOCK, CancellationError, Clock, DeadlineExceededError, TimerHandle
+from corral.kernel import _validate as v
+from corral.kernel._protocols import CancellationToken
+
+logger = logging.getLogger("corral.runtime.cancellation")
+
+Callback = Callable[[CancellationToken], object]
+
+
+class Cancellation:
+    """A cancellation token (implements :class:`corral.kernel.CancellationToken`).
+
+    - ``cancel`` is idempotent: the first reason is kept, later calls do nothing.
+    - Callbacks run exactly once, in the order added; one added after cancellation runs at
+      once. A callback that raises is logged and does not stop the others or ``cancel``.
+    - A ``child()`` is cancelled with its parent (same reason); cancelling a child never
+      touches the parent.
+    - ``cancel_after`` / ``cancel_at`` schedule a deadline on the token's clock; when it fires,
+      ``check`` raises :class:`DeadlineExceededError`. Both need a running event loop.
+
+    Call its methods from the event loop's thread.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_callbacks",
+        "_children",
+        "_clock",
+        "_deadline",
+        "_error",
+        "_event",
+        "_timers",
+    )
+
+    def __init__(self, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._clock = clock
+        self._error: CancellationError | None = None
+        self._event: asyncio.Event | None = None
+        self._callbacks: list[Callback] = []
+        self._children: weakref.WeakSet[Cancellation] = weakref.WeakSet()
+        self._timers: list[TimerHandle] = []
+        self._deadline: datetime | None = None
+
+    @property
+    def is_cancelled(self) -> bool:
+        return self._error is not None
+
+    @property
+    def reason(self) -> str | None:
+        """The first reason given (``"deadline exceeded"`` for a fired deadline)."""
+        return None if self._error is None else self._error.reason
+
+    @property
+    def deadline(self) -> datetime | None:
+        """The earliest deadline scheduled with ``cancel_at``/``cancel_after``, if any."""
+        return self._deadline
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    def cancel(self, reason: str | None = None) -> None:
+        """Cancel with ``reason``. Idempotent: only the first call has any effect."""
+        v.non_empty_str("Cancellation.cancel", "reason", reason, optional=True)
+        self._cancel_with(CancellationError(reason))
+
+    def _cancel_with(self, error: CancellationError) -> None:
+        if self._error is not None:
+            return
+        self._error = error
+        for timer in self._timers:
+            timer.cancel()
+        self._timers.clear()
+        if self._event is not None:
+            self._event.set()
+        callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            self._run_callback(fn)
+        for child in list(self._children):
+            child._cancel_with(error)
+
+    def _run_callback(self, fn: Callback) -> None:
+        try:
+            fn(self)
+        except Exception:
+            logger.exception("cancellation callback %r raised; the others still run", fn)
+
+    def check(self) -> None:
+        """Raise the cancellation error (a fresh instance each time) if cancelled."""
+        error = self._error
+        if error is None:
+            return
+        if isinstance(error, DeadlineExceededError):
+            raise DeadlineExceededError(error.deadline, error.now)
+        raise CancellationError(error.reason)
+
+    async def wait(self) -> None:
+        """Return once the token is cancelled (at once if it already is)."""
+        if self._error is not None:
+            return
+        if self._event is None:
+            self._event = asyncio.Event()
+        await self._event.wait()
+
+    def add_callback(self, fn: Callback) -> None:
+        """Run ``fn(token)`` once on cancellation (at once if already cancelled)."""
+        v.callable_("Cancellation.add_callback", "fn", fn)
+        if self._error is not None:
+            self._run_callback(fn)
+        else:
+            self._callbacks.append(fn)
+
+    def child(self) -> Cancellation:
+        """A token cancelled whenever this one is; cancelling it leaves this one alone."""
+        kid = Cancellation(clock=self._clock)
+        if self._error is not None:
+            kid._cancel_with(self._error)
+        else:
+            self._children.add(kid)
+        return kid
+
+    def cancel_after(self, seconds: float, reason: str | None = None) -> TimerHandle:
+        """Cancel ``seconds`` from now on the token's clock (a deadline when reason is None).
+
+        Returns the timer; cancelling it calls the deadline off.
+        """
+        v.non_negative_number("Cancellation.cancel_after", "seconds", seconds)
+        v.non_empty_str("Cancellation.cancel_after", "reason", reason, optional=True)
+        when = self._clock.now() + timedelta(seconds=seconds)
+        return self._schedule(when, seconds, reason)
+
+    def cancel_at(self, when: datetime, reason: str | None = None) -> TimerHandle:
+        """Cancel at the absolute instant ``when`` (timezone-aware) on the token's clock."""
+        v.aware_datetime("Cancellation.cancel_at", "when", when)
+        v.non_empty_str("Cancellation.cancel_at", "reason", reason, optional=True)
+        delay = (when - self._clock.now()).total_seconds()
+        return self._schedule(when, delay, reason)
+
+    def _schedule(self, when: datetime, delay: float, reason: str | None) -> TimerHandle:
+        def fire() -> None:
+            if reason is None:
+                self._cancel_with(
+                    DeadlineExceededError(when.isoformat(), self._clock.now().isoformat())
+                )
+            else:
+                self._cancel_with(CancellationError(reason))
+
+        timer = self._clock.call_later(delay, fire)
+        if self._error is None:
+            self._timers.append(timer)
+            if self._deadline is None or when < self._deadline:
+                self._deadline = when
+        else:
+            timer.cancel()
+        return timer
+
+    def __repr__(self) -> str:
+        state = f"cancelled, reason={self.reason!r}" if self.is_cancelled else "active"
+        return f"Cancellation({state})"
