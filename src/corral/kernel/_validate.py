@@ -72,7 +72,8 @@ def aware_datetime(where: str, name: str, value: Any, *, optional: bool = False)
 def instance_of(where: str, name: str, value: Any, kind: type | tuple[type, ...]) -> None:
     if not isinstance(value, kind):
         names = " or ".join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__
-        raise InvalidArgumentError(where, name, f"a {names}", value)
+        article = "an" if names[:1].lower() in "aeiou" else "a"
+        raise InvalidArgumentError(where, name, f"{article} {names}", value)
 
 
 def callable_(where: str, name: str, value: Any) -> None:
