@@ -27,7 +27,9 @@ def test_run_id_conflicting_with_supervision_is_refused() -> None:
 def test_ids_are_minted_when_absent() -> None:
     a = RunMeta(cancellation=Cancellation())
     b = RunMeta(cancellation=Cancellation())
-    assert a.run_id and b.run_id and a.run_id != b.run_id
+    assert a.run_id
+    assert b.run_id
+    assert a.run_id != b.run_id
     assert a.trace_id != b.trace_id
 
 
@@ -65,7 +67,8 @@ def test_with_deadline_after_keeps_the_sooner_deadline() -> None:
     assert meta.remaining_s() is None
     later = meta.with_deadline_after(30)
     assert later.remaining_s() == 30
-    assert later.run_id == meta.run_id and later.trace_id == meta.trace_id
+    assert later.run_id == meta.run_id
+    assert later.trace_id == meta.trace_id
     assert later.with_deadline_after(60) is later
     assert later.with_deadline_after(5).remaining_s() == 5
 

@@ -137,7 +137,12 @@ def test_round_trip_through_json() -> None:
             "budget",
         ),
         (
-            {"run_id": "r", "session_id": "s", "root_id": "a", "execution_budget": {"max_turns": -1}},
+            {
+                "run_id": "r",
+                "session_id": "s",
+                "root_id": "a",
+                "execution_budget": {"max_turns": -1},
+            },
             "max_turns",
         ),
         ({"run_id": "r", "session_id": "s", "root_id": "a", "depth": 2}, "parent_id"),

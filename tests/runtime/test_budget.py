@@ -29,7 +29,9 @@ def test_check_refuses_when_no_room_is_left() -> None:
     tracker.record(turns=1)
     tracker.check()
     tracker.record(turns=1)
-    with pytest.raises(BudgetExhaustedError, match="turns budget exhausted: used 2 of a limit of 2"):
+    with pytest.raises(
+        BudgetExhaustedError, match="turns budget exhausted: used 2 of a limit of 2"
+    ):
         tracker.check()
     assert tracker.remaining_turns() == 0
 
@@ -68,7 +70,8 @@ def test_bad_records_are_refused_and_count_nothing(kwargs: dict[str, float]) -> 
     tracker = ExecutionTracker()
     with pytest.raises(InvalidArgumentError):
         tracker.record(**kwargs)  # type: ignore[arg-type]
-    assert tracker.usage().tokens == 0 and tracker.usage().turns == 0
+    assert tracker.usage().tokens == 0
+    assert tracker.usage().turns == 0
 
 
 def test_budget_must_be_an_execution_budget() -> None:

@@ -77,8 +77,10 @@ def test_children_follow_the_parent_never_the_reverse() -> None:
     grandchild = child.child()
     sibling = parent.child()
     child.cancel("child only")
-    assert child.is_cancelled and grandchild.is_cancelled
-    assert not parent.is_cancelled and not sibling.is_cancelled
+    assert child.is_cancelled
+    assert grandchild.is_cancelled
+    assert not parent.is_cancelled
+    assert not sibling.is_cancelled
     parent.cancel("everyone")
     assert sibling.reason == "everyone"
     assert child.reason == "child only"  # first reason kept
