@@ -1,0 +1,301 @@
+"""Process isolation for sandboxed runs: the child's side and the parent's watch over it.
+
+The child limits its own address space (``RLIMIT_AS``), runs the agent, and sends one message
+back through a pipe. The parent waits for that message on the event loop (no thread sits in a
+blocking wait), kills the child's process group at the timeout or on cancellation, and always
+reaps the child before returning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import os
+import pickle
+import signal
+import traceback
+from collections.abc import Callable
+from inspect import isawaitable
+from multiprocessing.connection import Connection, wait
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from corral.kernel import Clock
+from corral.resilience._sandbox_types import (
+    SandboxAgentError,
+    SandboxError,
+    SandboxInterruptedError,
+    SandboxMemoryError,
+    SandboxStartError,
+    SandboxTask,
+    SandboxTimeoutError,
+)
+
+try:
+    import resource
+
+    _HAVE_RLIMIT = True
+except ImportError:  # not POSIX: no memory limits
+    _HAVE_RLIMIT = False
+
+_EXIT_GRACE_S = 2.0
+"""How long a child that has sent its result may take to exit before it is killed."""
+
+_POLL_S = 0.01
+"""Polling period where the event loop cannot watch the child's pipe."""
+
+
+def agent_callable(agent: Any) -> Callable[[str], Any] | None:
+    """The call that runs ``agent``: its ``chat`` method, or the agent itself when callable."""
+    chat = getattr(agent, "chat", None)
+    if callable(chat):
+        return chat  # type: ignore[no-any-return]
+    if callable(agent):
+        return agent  # type: ignore[no-any-return]
+    return None
+
+
+# --- the child ----------------------------------------------------------------------------
+
+
+def _limit_memory(max_memory_bytes: int) -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = max_memory_bytes if hard == resource.RLIM_INFINITY else min(max_memory_bytes, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+async def _await(value: Any) -> Any:
+    return await value
+
+
+def _error_message(exc: BaseException) -> tuple[str, Any, str, str, str]:
+    carried: BaseException | None = exc
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        carried = None
+    text = "".join(traceback.format_exception(exc))
+    return ("error", carried, type(exc).__qualname__, str(exc), text)
+
+
+def child_main(writer: Connection, agent: Any, task: SandboxTask, max_memory_bytes: int) -> None:
+    """Entry point of the child process; sends exactly one message unless it dies first."""
+    if hasattr(os, "setpgid"):
+        # Its own process group, so the parent can kill whatever the agent started as well.
+        with contextlib.suppress(OSError):
+            os.setpgid(0, 0)
+    try:
+        if max_memory_bytes:
+            _limit_memory(max_memory_bytes)
+    except Exception as exc:
+        writer.send(("setup", f"could not set the memory limit: {type(exc).__name__}: {exc}"))
+        return
+    message: tuple[Any, ...]
+    try:
+        call = agent_callable(agent)
+        if call is None:
+            raise TypeError(f"{agent!r} has no chat(task) method and is not callable")
+        result = call(task)
+        if isawaitable(result):
+            result = asyncio.run(_await(result))
+        message = ("ok", result)
+    except MemoryError as exc:
+        message = ("memory", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+    except BaseException as exc:
+        message = _error_message(exc)
+    try:
+        writer.send(message)
+    except Exception as exc:
+        writer.send(_error_message(exc) if message[0] != "ok" else _unpicklable_result(exc))
+    finally:
+        writer.close()
+
+
+def _unpicklable_result(exc: Exception) -> tuple[str, Any, str, str, str]:
+    return (
+        "error",
+        None,
+        type(exc).__qualname__,
+        f"the agent's result could not be sent back from the child process: {exc}",
+        "",
+    )
+
+
+# --- the parent ---------------------------------------------------------------------------
+
+
+def _context() -> BaseContext:
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
+def _kill(process: BaseProcess) -> None:
+    pid = process.pid
+    if pid is not None and hasattr(os, "killpg"):
+        # The group exists once the child has called setpgid; before that this finds nothing.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(Exception):
+        process.kill()
+
+
+async def _readable(fd: int, clock: Clock, timeout_s: float | None) -> bool:
+    """Wait until ``fd`` is readable (True) or ``timeout_s`` passes on ``clock`` (False)."""
+    loop = asyncio.get_running_loop()
+    outcome: asyncio.Future[bool] = loop.create_future()
+
+    def settle(value: bool) -> None:
+        if not outcome.done():
+            outcome.set_result(value)
+
+    try:
+        loop.add_reader(fd, settle, True)
+    except NotImplementedError:
+        return await _poll_readable(fd, clock, timeout_s)
+    timer = None if timeout_s is None else clock.call_later(timeout_s, lambda: settle(False))
+    try:
+        return await outcome
+    finally:
+        loop.remove_reader(fd)
+        if timer is not None:
+            timer.cancel()
+
+
+async def _poll_readable(fd: int, clock: Clock, timeout_s: float | None) -> bool:
+    # For event loops that cannot watch a descriptor (the Windows proactor): poll it.
+    deadline = None if timeout_s is None else clock.monotonic() + timeout_s
+    while not wait([fd], timeout=0):
+        if deadline is not None and clock.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(_POLL_S)
+    return True
+
+
+async def _reap(process: BaseProcess, clock: Clock, grace_s: float) -> None:
+    """Wait up to ``grace_s`` for the child to exit, kill it if it has not, and reap it."""
+    if process.exitcode is None and not await _readable(process.sentinel, clock, grace_s):
+        _kill(process)
+    if process.exitcode is None:
+        await _readable(process.sentinel, clock, None)
+    process.join()
+
+
+async def _start(process: BaseProcess) -> None:
+    # Starting may wait for a fresh forkserver to boot: do it off the event loop. The start
+    # cannot be abandoned half-way, so on cancellation it is finished, then the child killed.
+    starting = asyncio.ensure_future(asyncio.to_thread(process.start))
+    try:
+        await asyncio.shield(starting)
+    except asyncio.CancelledError:
+
+        def stop(done: asyncio.Future[None]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                _kill(process)
+                process.join()
+
+        starting.add_done_callback(stop)
+        raise
+
+
+async def run_in_process(
+    agent: Any, task: SandboxTask, timeout_s: float, max_memory_bytes: int, clock: Clock
+) -> tuple[bool, Any, SandboxError | None]:
+    """Run the agent in a child process; ``(completed, result, error)``."""
+    if max_memory_bytes and not _HAVE_RLIMIT:
+        return False, None, SandboxStartError("memory limits need a POSIX system")
+    try:
+        pickle.dumps((agent, task))
+    except Exception as exc:
+        return (
+            False,
+            None,
+            SandboxStartError(
+                "isolation='process' needs an agent that can be pickled (define its class or "
+                f"function at module level): {type(exc).__name__}: {exc}"
+            ),
+        )
+    context = _context()
+    reader, writer = context.Pipe(duplex=False)
+    process = context.Process(  # type: ignore[attr-defined]
+        target=child_main,
+        args=(writer, agent, task, max_memory_bytes),
+        name="corral-sandbox",
+        daemon=True,
+    )
+    try:
+        try:
+            await _start(process)
+        finally:
+            writer.close()  # the child holds its own copy; EOF here means it is gone
+    except asyncio.CancelledError:
+        reader.close()
+        raise
+    except Exception as exc:
+        reader.close()
+        return False, None, SandboxStartError(f"the child process did not start: {exc}")
+    started = clock.monotonic()
+    try:
+        arrived = await _readable(reader.fileno(), clock, timeout_s)
+        if not arrived:
+            _kill(process)
+            await _reap(process, clock, 0.0)
+            elapsed = clock.monotonic() - started
+            return False, None, SandboxTimeoutError(timeout_s, elapsed, process.pid)
+        message = _receive(reader)
+        await _reap(process, clock, _EXIT_GRACE_S)
+    except asyncio.CancelledError:
+        _kill(process)
+        process.join()
+        raise
+    finally:
+        reader.close()
+    return _outcome(message, process, max_memory_bytes)
+
+
+def _receive(reader: Connection) -> Any:
+    """The child's message; None when it ended without one."""
+    try:
+        return reader.recv()
+    except (EOFError, OSError):
+        return None
+    except Exception as exc:  # sent whole, but this process cannot unpickle it
+        return (
+            "error",
+            None,
+            type(exc).__qualname__,
+            f"the child's answer could not be read in this process: {exc}",
+            "",
+        )
+
+
+def _outcome(
+    message: Any, process: BaseProcess, max_memory_bytes: int
+) -> tuple[bool, Any, SandboxError | None]:
+    pid = process.pid
+    if message is None:
+        code = process.exitcode
+        if code is not None and code < 0:
+            try:
+                how = f"signal {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"signal {-code}"
+        else:
+            how = f"exit code {code}"
+        limit = f" (memory limit {max_memory_bytes} bytes)" if max_memory_bytes else ""
+        why = f"child process {pid} ended by {how} before it sent a result{limit}"
+        return False, None, SandboxInterruptedError(why, pid=pid, exitcode=code)
+    kind = message[0]
+    if kind == "ok":
+        return True, message[1], None
+    if kind == "memory":
+        if max_memory_bytes:
+            return False, None, SandboxMemoryError(max_memory_bytes, message[1], pid)
+        return False, None, SandboxAgentError("MemoryError", message[1])
+    if kind == "setup":
+        return False, None, SandboxStartError(message[1])
+    _, carried, error_type, error_message, text = message
+    error = SandboxAgentError(error_type, error_message, text)
+    error.__cause__ = carried
+    return False, None, error
