@@ -33,7 +33,7 @@ def test_budget_defaults_mean_unlimited() -> None:
 
 def test_budgets_are_keyword_only_and_frozen() -> None:
     with pytest.raises(TypeError):
-        ExecutionBudget(10)  # type: ignore[misc]
+        ExecutionBudget(10)  # type: ignore[call-arg]
     budget = ExecutionBudget(max_tokens=10)
     with pytest.raises(AttributeError):
         budget.max_tokens = 20  # type: ignore[misc]

@@ -20,7 +20,6 @@ def test_implements_the_kernel_protocol() -> None:
 
 def test_cancel_is_idempotent_and_the_first_reason_wins() -> None:
     token = Cancellation()
-    assert not token.is_cancelled
     token.check()
     token.cancel("first")
     token.cancel("second")
@@ -116,9 +115,8 @@ async def test_cancel_after_fires_on_the_clock_as_a_deadline() -> None:
     token.cancel_after(5)
     assert token.deadline == clock.now() + timedelta(seconds=5)
     clock.advance(4.9)
-    assert not token.is_cancelled
+    token.check()  # not yet
     clock.advance(0.1)
-    assert token.is_cancelled
     assert token.reason == "deadline exceeded"
     with pytest.raises(DeadlineExceededError):
         token.check()

@@ -54,17 +54,21 @@ class ChatMessage:
 
     def __post_init__(self) -> None:
         where = "ChatMessage"
-        if not isinstance(self.role, Role):
+        # Fields are typed, but callers build messages from JSON: check them at run time.
+        role: Any = self.role
+        if not isinstance(role, Role):
             try:
-                object.__setattr__(self, "role", Role(self.role))
+                object.__setattr__(self, "role", Role(role))
             except ValueError:
                 raise InvalidArgumentError(
-                    where, "role", "one of system, user, assistant, tool", self.role
+                    where, "role", "one of system, user, assistant, tool", role
                 ) from None
-        if self.content is not None and not isinstance(self.content, str):
-            raise InvalidArgumentError(where, "content", "a string or None", self.content)
-        if not isinstance(self.tool_calls, tuple):
-            object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
+        content: Any = self.content
+        if content is not None and not isinstance(content, str):
+            raise InvalidArgumentError(where, "content", "a string or None", content)
+        calls: Any = self.tool_calls
+        if not isinstance(calls, tuple):
+            object.__setattr__(self, "tool_calls", tuple(calls))
         for call in self.tool_calls:
             v.instance_of(where, "tool_calls[]", call, ToolCall)
         if self.tool_calls and self.role is not Role.ASSISTANT:

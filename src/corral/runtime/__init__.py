@@ -6,7 +6,14 @@ pipeline and its built-ins, compaction and history, and the model seam.
 
 from corral.runtime._budget import BudgetUsage, ExecutionTracker
 from corral.runtime._cancellation import Cancellation
+from corral.runtime._compaction import (
+    LLMSummarization,
+    SlidingWindow,
+    TokenTruncation,
+    approx_tokens,
+)
 from corral.runtime._fakeclock import FakeClock
+from corral.runtime._history import AgentContext, HistoryStore, InMemoryHistoryStore
 from corral.runtime._llm import (
     ChatResult,
     LLMClient,
@@ -17,8 +24,50 @@ from corral.runtime._llm import (
     ToolSpec,
     Usage,
 )
+from corral.runtime._middleware import (
+    CallNext,
+    Middleware,
+    MiddlewareContext,
+    MiddlewarePipeline,
+)
+from corral.runtime._mw_audit import Audit, AuditEvent
+from corral.runtime._mw_budget import BudgetAccounting
+from corral.runtime._mw_cache import ChatCache
+from corral.runtime._mw_cancel import CancellationCheck
+from corral.runtime._mw_guard import ToolGuard
+from corral.runtime._mw_pii import PIIRedaction
+from corral.runtime._mw_ratelimit import TenantRateLimit
+from corral.runtime._mw_retry import (
+    Retry,
+    RetryState,
+    StopAfterAttempt,
+    StopAfterDelay,
+    StopStrategy,
+    WaitExponential,
+    WaitFixed,
+    WaitStrategy,
+    is_transient,
+)
+from corral.runtime._openai import ModelPrice, OpenAIClient
+from corral.runtime._scripted import ScriptedClient, ScriptedRequest, ScriptExhaustedError
+from corral.runtime._spawn import (
+    AgentAlreadyTrackedError,
+    AgentCallback,
+    PauseGate,
+    SpawnSnapshot,
+    SpawnTracker,
+    TrackedAgent,
+    UnknownAgentError,
+)
 
 __all__ = [
+    "AgentAlreadyTrackedError",
+    "AgentCallback",
+    "PauseGate",
+    "SpawnSnapshot",
+    "SpawnTracker",
+    "TrackedAgent",
+    "UnknownAgentError",
     "BudgetUsage",
     "Cancellation",
     "ChatResult",
@@ -31,4 +80,37 @@ __all__ = [
     "ModelUnavailableError",
     "ToolSpec",
     "Usage",
+    "AgentContext",
+    "HistoryStore",
+    "InMemoryHistoryStore",
+    "LLMSummarization",
+    "ModelPrice",
+    "OpenAIClient",
+    "ScriptExhaustedError",
+    "ScriptedClient",
+    "ScriptedRequest",
+    "SlidingWindow",
+    "TokenTruncation",
+    "approx_tokens",
+    "Audit",
+    "AuditEvent",
+    "BudgetAccounting",
+    "CallNext",
+    "CancellationCheck",
+    "ChatCache",
+    "Middleware",
+    "MiddlewareContext",
+    "MiddlewarePipeline",
+    "PIIRedaction",
+    "Retry",
+    "RetryState",
+    "StopAfterAttempt",
+    "StopAfterDelay",
+    "StopStrategy",
+    "TenantRateLimit",
+    "ToolGuard",
+    "WaitExponential",
+    "WaitFixed",
+    "WaitStrategy",
+    "is_transient",
 ]

@@ -1,0 +1,303 @@
+"""``Agent``: a small tool-using loop (model -> tool calls -> model ...) under supervision."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from corral.agent._tool import Tool, ToolError, ToolFunction, UnknownToolError
+from corral.kernel import (
+    SYSTEM_CLOCK,
+    CancellationToken,
+    ChatMessage,
+    Clock,
+    CorralError,
+    ExecutionBudget,
+    InvalidArgumentError,
+    MiddlewareStage,
+    RefusalError,
+    RunError,
+    RunMeta,
+    Supervision,
+    UsageError,
+)
+from corral.kernel import _validate as v
+from corral.runtime import (
+    BudgetAccounting,
+    BudgetUsage,
+    Cancellation,
+    CancellationCheck,
+    ChatResult,
+    ExecutionTracker,
+    LLMClient,
+    Middleware,
+    MiddlewareContext,
+    MiddlewarePipeline,
+    ModelResponseError,
+)
+
+T = TypeVar("T")
+
+ToolStatus = Literal["ok", "refused", "invalid", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    """What became of one tool call: ``ok``, ``refused`` by a policy, ``invalid`` (unknown
+    tool or bad arguments) or ``error`` (the tool raised). ``output`` is what the model saw."""
+
+    tool_call_id: str
+    tool: str
+    arguments: Mapping[str, Any]
+    status: ToolStatus
+    output: str
+    error_code: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentRun:
+    """The result of :meth:`Agent.run`."""
+
+    run_id: str
+    output: str | None
+    messages: tuple[ChatMessage, ...]
+    tool_calls: tuple[ToolOutcome, ...]
+    usage: BudgetUsage
+
+
+class Agent:
+    """A tool-using agent loop that honours budgets, cancellation, deadlines and middleware.
+
+    One :meth:`run` handles one prompt: it asks the model, runs the tools the model asks for,
+    feeds their results back, and repeats until the model answers without tool calls.
+
+    Every call goes through the middleware pipeline at its stage (TURN around the whole run,
+    CHAT around each model call, TOOL around each tool call). Inside the caller's middleware the
+    agent adds a cancellation/deadline check and budget accounting, so every model call --
+    retries included -- is checked before it starts and counted after it ends.
+
+    Stops:
+    - cancellation or deadline -> ``CancellationError`` / ``DeadlineExceededError``; a call in
+      flight when the token is cancelled (or the deadline passes) is abandoned at once;
+    - a budget dimension without room -> ``BudgetExhaustedError`` (the call does not start);
+    - a middleware that refuses a TURN or CHAT call -> its ``RefusalError`` (such as
+      ``MiddlewareTermination`` or ``RateLimitedError``);
+    - a model error that no middleware recovered -> the ``ModelError``.
+    A refusal of a TOOL call (a guardrail, a rate limit), an unknown tool, invalid
+    arguments or a tool that raises do not end the run: the model is told, and the outcome is
+    recorded in ``AgentRun.tool_calls``. Outside ``asyncio.CancelledError`` passes through
+    untouched.
+    """
+
+    def __init__(
+        self,
+        client: LLMClient,
+        *,
+        agent_id: str = "agent",
+        instructions: str | None = None,
+        tools: Sequence[Tool | ToolFunction] = (),
+        middleware: Sequence[Middleware] = (),
+        budget: ExecutionBudget | None = None,
+        model_options: Mapping[str, Any] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        where = "Agent"
+        if not isinstance(client, LLMClient):
+            raise InvalidArgumentError(where, "client", "an LLMClient", client)
+        v.non_empty_str(where, "agent_id", agent_id)
+        v.non_empty_str(where, "instructions", instructions, optional=True)
+        if budget is not None:
+            v.instance_of(where, "budget", budget, ExecutionBudget)
+        for mw in middleware:
+            if not callable(getattr(mw, "process", None)):
+                raise InvalidArgumentError(where, "middleware[]", "a Middleware", mw)
+        self.client = client
+        self.agent_id = agent_id
+        self.instructions = instructions
+        self.budget = budget
+        self.middleware = tuple(middleware)
+        self.model_options = dict(model_options or {})
+        self.clock = clock
+        self.tools: dict[str, Tool] = {}
+        for item in tools:
+            t = item if isinstance(item, Tool) else Tool(item)
+            if t.name in self.tools:
+                raise InvalidArgumentError(where, "tools", "tools with distinct names", t.name)
+            self.tools[t.name] = t
+
+    async def run(
+        self,
+        prompt: str,
+        *,
+        meta: RunMeta | None = None,
+        tracker: ExecutionTracker | None = None,
+        history: Sequence[ChatMessage] = (),
+    ) -> AgentRun:
+        """Handle ``prompt`` to a final answer.
+
+        ``meta`` defaults to a fresh root run on the agent's clock. The budget is the agent's
+        ``budget``, else the supervision's execution budget; ``deadline_s`` becomes a deadline
+        on the run (the sooner of it and ``meta.deadline``). Pass a ``tracker`` to share
+        accounting across runs. ``history`` is prepended (after the instructions).
+        """
+        v.non_empty_str("Agent.run", "prompt", prompt)
+        if meta is None:
+            meta = RunMeta(
+                cancellation=Cancellation(clock=self.clock),
+                supervision=Supervision.root(self.agent_id),
+                clock=self.clock,
+            )
+        v.instance_of("Agent.run", "meta", meta, RunMeta)
+        budget = self.budget
+        if budget is None and meta.supervision is not None:
+            budget = meta.supervision.execution_budget
+        budget = budget or ExecutionBudget()
+        if tracker is None:
+            tracker = ExecutionTracker(budget, clock=meta.clock)
+        if budget.deadline_s is not None:
+            meta = meta.with_deadline_after(budget.deadline_s)
+        token = meta.cancellation.child()
+        if meta.deadline is not None and isinstance(token, Cancellation):
+            token.cancel_at(meta.deadline)
+        meta = dataclasses.replace(meta, cancellation=token)
+        try:
+            return await _Run(self, meta, tracker, list(history)).execute(prompt)
+        finally:
+            if isinstance(token, Cancellation) and not token.is_cancelled:
+                token.cancel("run finished")  # releases the deadline timer
+
+
+class _Run:
+    """The state of one :meth:`Agent.run`."""
+
+    def __init__(
+        self, agent: Agent, meta: RunMeta, tracker: ExecutionTracker, history: list[ChatMessage]
+    ) -> None:
+        self.agent = agent
+        self.meta = meta
+        self.tracker = tracker
+        self.messages: list[ChatMessage] = []
+        if agent.instructions:
+            self.messages.append(ChatMessage.system(agent.instructions))
+        self.messages.extend(history)
+        self.outcomes: list[ToolOutcome] = []
+        self.pipeline = MiddlewarePipeline(
+            [*agent.middleware, CancellationCheck(), BudgetAccounting(tracker)]
+        )
+        self.specs = [t.spec for t in agent.tools.values()]
+
+    def context(self, stage: MiddlewareStage, **fields: Any) -> MiddlewareContext:
+        return MiddlewareContext(
+            stage=stage, agent_id=self.agent.agent_id, meta=self.meta, **fields
+        )
+
+    async def execute(self, prompt: str) -> AgentRun:
+        self.messages.append(ChatMessage.user(prompt))
+        ctx = self.context(MiddlewareStage.TURN, prompt=prompt, messages=self.messages)
+        try:
+            output = await self.pipeline.run(ctx, self._turn)
+        except CorralError as exc:
+            usage = self.tracker.usage()
+            exc.add_note(
+                f"agent {self.agent.agent_id!r} stopped after {usage.turns} turns, "
+                f"{usage.tokens} tokens, ${usage.cost_usd:.4f}"
+            )
+            raise
+        return AgentRun(
+            run_id=self.meta.id,
+            output=output,
+            messages=tuple(self.messages),
+            tool_calls=tuple(self.outcomes),
+            usage=self.tracker.usage(),
+        )
+
+    async def _turn(self, ctx: MiddlewareContext) -> None:
+        while True:
+            self.meta.check()
+            chat = self.context(
+                MiddlewareStage.CHAT,
+                messages=list(self.messages),
+                tools=list(self.specs),
+                options=dict(self.agent.model_options),
+            )
+            result = await _race(self.pipeline.run(chat, self._chat), self.meta.cancellation)
+            if not isinstance(result, ChatResult):
+                raise UsageError(
+                    "the chat call produced no ChatResult (a middleware short-circuited it "
+                    f"without setting ctx.result); got {type(result).__name__}",
+                    stage="chat",
+                )
+            self.messages.append(result.message)
+            if not result.tool_calls:
+                ctx.result = result.text
+                return
+            for call in result.tool_calls:
+                self.meta.check()
+                await self._tool_call(call.id, call.name, call.arguments, call.invalid_arguments)
+
+    async def _chat(self, ctx: MiddlewareContext) -> None:
+        tools = ctx.tools or None
+        ctx.result = await self.agent.client.generate(ctx.messages, tools=tools, **ctx.options)
+        if not isinstance(ctx.result, ChatResult):
+            raise ModelResponseError(
+                repr(self.agent.client), f"generate returned {type(ctx.result).__name__}"
+            )
+
+    async def _tool(self, ctx: MiddlewareContext) -> None:
+        assert ctx.tool_name is not None
+        found = self.agent.tools.get(ctx.tool_name)
+        if found is None:
+            raise UnknownToolError(ctx.tool_name, sorted(self.agent.tools))
+        ctx.result = await found.call(ctx.arguments)
+
+    async def _tool_call(
+        self, call_id: str, name: str, arguments: Mapping[str, Any], invalid: str | None
+    ) -> None:
+        status: ToolStatus = "ok"
+        code: str | None = None
+        if invalid is not None:
+            status, code = "invalid", "tool_arguments_invalid"
+            output = f"error: the arguments were not a JSON object: {invalid[:200]}"
+        else:
+            ctx = self.context(
+                MiddlewareStage.TOOL,
+                tool_name=name,
+                tool_call_id=call_id,
+                arguments=dict(arguments),
+            )
+            try:
+                output = str(
+                    await _race(self.pipeline.run(ctx, self._tool), self.meta.cancellation)
+                )
+            except RunError:
+                raise  # budget, cancellation, deadline: the run ends
+            except RefusalError as exc:
+                status, code, output = "refused", exc.code, f"refused: {exc.message}"
+            except ToolError as exc:
+                status = "error" if exc.code == "tool_failed" else "invalid"
+                code, output = exc.code, f"error: {exc.message}"
+        self.outcomes.append(ToolOutcome(call_id, name, dict(arguments), status, output, code))
+        self.messages.append(ChatMessage.tool(call_id, output, name=name))
+
+
+async def _race(call: Awaitable[T], token: CancellationToken) -> T:
+    """Await ``call`` unless ``token`` is cancelled first; then abandon it and raise."""
+    token.check()
+    task = asyncio.ensure_future(call)
+    waiter = asyncio.ensure_future(token.wait())
+    try:
+        await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        waiter.cancel()
+        raise
+    if task.done():
+        waiter.cancel()
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    token.check()
+    raise AssertionError("unreachable: the token was cancelled")  # pragma: no cover

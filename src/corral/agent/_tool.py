@@ -1,0 +1,163 @@
+"""``Tool``: a Python callable offered to a model, with arguments validated before it runs."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from collections.abc import Callable, Mapping
+from typing import Any, get_type_hints, overload
+
+import pydantic
+
+from corral.kernel import CorralError, InvalidArgumentError
+from corral.kernel import _validate as v
+from corral.runtime import ToolSpec
+
+ToolFunction = Callable[..., Any]
+
+
+class ToolError(CorralError):
+    """A tool call could not produce a result; the agent reports it to the model."""
+
+    code = "tool_error"
+
+
+class UnknownToolError(ToolError):
+    code = "unknown_tool"
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        super().__init__(
+            f"the model asked for tool {name!r}, which does not exist; tools: {known}",
+            tool=name,
+            known=known,
+        )
+
+
+class ToolArgumentsError(ToolError):
+    code = "tool_arguments_invalid"
+
+    def __init__(self, name: str, problem: str) -> None:
+        super().__init__(f"arguments for tool {name!r} are invalid: {problem}", tool=name)
+
+
+class ToolFailedError(ToolError):
+    """The tool itself raised; ``__cause__`` is what it raised."""
+
+    code = "tool_failed"
+
+    def __init__(self, name: str, error: BaseException) -> None:
+        super().__init__(
+            f"tool {name!r} raised {type(error).__name__}: {error}",
+            tool=name,
+            error_type=type(error).__name__,
+        )
+
+
+class Tool:
+    """A callable the model may call.
+
+    The JSON Schema offered to the model is derived from the function's signature and type
+    hints (pydantic); arguments from the model are validated against it before the function
+    runs. Coroutine functions are awaited; plain functions run in a worker thread so a blocking
+    tool does not stall the event loop (a cancelled run abandons, but cannot interrupt, such a
+    thread). The result is returned to the model as text: strings as they are, anything else
+    as JSON.
+    """
+
+    __slots__ = ("_adapter", "_fn", "_is_async", "description", "name", "spec")
+
+    def __init__(
+        self,
+        fn: ToolFunction,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+    ) -> None:
+        v.callable_("Tool", "fn", fn)
+        self._fn = fn
+        self.name = name if name is not None else getattr(fn, "__name__", "")
+        v.non_empty_str("Tool", "name", self.name)
+        doc = inspect.getdoc(fn) or ""
+        self.description = description if description is not None else doc.split("\n\n")[0]
+        self._is_async = inspect.iscoroutinefunction(fn)
+        self._adapter = _arguments_model(fn, self.name)
+        schema = self._adapter.model_json_schema()
+        schema.pop("title", None)
+        self.spec = ToolSpec(name=self.name, description=self.description, parameters=schema)
+
+    async def call(self, arguments: Mapping[str, Any]) -> str:
+        """Validate ``arguments`` and run the tool.
+
+        Raises ToolArgumentsError for invalid arguments and ToolFailedError when the tool
+        raises (``asyncio.CancelledError`` passes through).
+        """
+        try:
+            parsed = self._adapter.model_validate(dict(arguments))
+        except pydantic.ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or '(arguments)'}: {e['msg']}"
+                for e in exc.errors()
+            )
+            raise ToolArgumentsError(self.name, problems) from None
+        kwargs = {k: getattr(parsed, k) for k in type(parsed).model_fields}
+        try:
+            if self._is_async:
+                result = await self._fn(**kwargs)
+            else:
+                result = await asyncio.to_thread(self._fn, **kwargs)
+        except Exception as exc:
+            raise ToolFailedError(self.name, exc) from exc
+        return _as_text(result)
+
+    def __repr__(self) -> str:
+        return f"Tool({self.name!r})"
+
+
+@overload
+def tool(fn: ToolFunction, *, name: str | None = None, description: str | None = None) -> Tool: ...
+
+
+@overload
+def tool(
+    fn: None = None, *, name: str | None = None, description: str | None = None
+) -> Callable[[ToolFunction], Tool]: ...
+
+
+def tool(
+    fn: ToolFunction | None = None, *, name: str | None = None, description: str | None = None
+) -> Tool | Callable[[ToolFunction], Tool]:
+    """Decorator form of :class:`Tool`: ``@tool`` or ``@tool(name=..., description=...)``."""
+
+    def wrap(f: ToolFunction) -> Tool:
+        return Tool(f, name=name, description=description)
+
+    return wrap if fn is None else wrap(fn)
+
+
+def _arguments_model(fn: ToolFunction, name: str) -> type[pydantic.BaseModel]:
+    signature = inspect.signature(fn)
+    try:
+        hints = get_type_hints(fn)
+    except Exception:  # unresolvable forward references: fall back to Any
+        hints = {}
+    fields: dict[str, Any] = {}
+    for param in signature.parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise InvalidArgumentError(
+                "Tool", "fn", "a function without *args or **kwargs", param.name
+            )
+        annotation = hints.get(param.name, Any)
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[param.name] = (annotation, default)
+    config = pydantic.ConfigDict(extra="forbid")
+    return pydantic.create_model(f"{name}_arguments", __config__=config, **fields)
+
+
+def _as_text(result: Any) -> str:
+    if isinstance(result, str):
+        return result
+    try:
+        return json.dumps(result, default=str)
+    except (TypeError, ValueError):
+        return str(result)
