@@ -275,7 +275,7 @@ class _Run:
             except RunError:
                 raise  # budget, cancellation, deadline: the run ends
             except RefusalError as exc:
-                status, code, output = "refused", exc.code, f"refused: {exc.message}"
+                status, code, output = "refused", exc.code, exc.message
             except ToolError as exc:
                 status = "error" if exc.code == "tool_failed" else "invalid"
                 code, output = exc.code, f"error: {exc.message}"

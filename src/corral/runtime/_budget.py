@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from corral.kernel import SYSTEM_CLOCK, BudgetExhaustedError, Clock, ExecutionBudget
 from corral.kernel import _validate as v
 
+_INF = float("inf")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BudgetUsage:
@@ -45,11 +47,12 @@ class ExecutionTracker:
 
     def record(self, *, tokens: int = 0, cost_usd: float = 0.0, turns: int = 0) -> None:
         """Add consumption; raise BudgetExhaustedError if a limit is now passed."""
-        if tokens:
+        # Exact-type fast paths first: record runs on every model call.
+        if type(tokens) is not int or tokens < 0:
             v.non_negative_int("ExecutionTracker.record", "tokens", tokens)
-        if cost_usd:
+        if type(cost_usd) is not float or not 0.0 <= cost_usd < _INF:
             v.non_negative_number("ExecutionTracker.record", "cost_usd", cost_usd)
-        if turns:
+        if type(turns) is not int or turns < 0:
             v.non_negative_int("ExecutionTracker.record", "turns", turns)
         budget = self.budget
         with self._lock:
