@@ -81,6 +81,15 @@ def test_add_refuses_bad_ids(agent_id: object) -> None:
         group.add(agent_id, Agent("x"))  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("agent_id", ["", None, 7, ["a"]])
+def test_lookups_refuse_bad_ids(agent_id: object) -> None:
+    group = AgentGroup("crew", {"a": Agent("a")})
+    for method in (group.get, group.require, group.remove):
+        with pytest.raises(InvalidArgumentError, match="agent_id must be a non-empty string"):
+            method(agent_id)  # type: ignore[arg-type]
+    assert group.ids() == ["a"]
+
+
 def test_add_refuses_none_as_an_agent() -> None:
     with pytest.raises(InvalidArgumentError, match="agent must be an agent object, not None"):
         AgentGroup("crew").add("a", None)

@@ -148,6 +148,33 @@ async def test_the_loop_survives_a_failing_run(caplog: pytest.LogCaptureFixture)
     await manager.stop()
 
 
+async def test_the_loop_survives_a_listener_that_cancels_itself(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    manager = make(clock, RecoveryPolicy(cooldown_s=0))
+    check = Counting(healthy=False)
+    manager.add_health_check("worker-1", check)
+
+    class CancelsItself:
+        def on_recovery_attempt(self, result: RecoveryResult) -> None:
+            raise asyncio.CancelledError
+
+    manager.add_listener(CancelsItself())
+    manager.start(5)
+    with caplog.at_level(logging.ERROR, logger="corral.recovery"):
+        clock.advance(5)
+        await settle(lambda: check.calls == 1)
+        await idle()
+        assert manager.running
+        clock.advance(5)
+        await settle(lambda: check.calls == 2)
+    assert "cancelled from inside" in caplog.text
+    assert manager.retry_count("worker-1") == 2
+    await manager.stop()
+    assert not running(manager)
+
+
 async def test_a_slow_run_skips_the_ticks_it_overran() -> None:
     clock = FakeClock()
     manager = make(clock)

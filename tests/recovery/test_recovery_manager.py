@@ -381,6 +381,40 @@ async def test_a_raising_check_is_a_failure(caplog: pytest.LogCaptureFixture) ->
     assert "worker-1" in caplog.text
 
 
+async def test_a_check_cancelled_from_inside_is_a_failure_not_a_cancellation() -> None:
+    s = Setup()
+
+    async def check(agent: object) -> bool:
+        raise asyncio.CancelledError  # e.g. a ping whose own task was cancelled
+
+    s.manager.add_health_check("worker-1", check)
+    s.manager.add_health_check("worker-2", lambda agent: True)
+    statuses = await s.manager.run_health_checks()
+    assert statuses["worker-1"].healthy is False
+    assert statuses["worker-1"].reason == "health check was cancelled"
+    assert statuses["worker-2"].healthy is True
+    assert s.manager.retry_count("worker-1") == 1
+
+
+async def test_cancelling_a_run_of_checks_from_outside_propagates() -> None:
+    s = Setup()
+    entered = asyncio.Event()
+
+    async def hangs(agent: object) -> bool:
+        entered.set()
+        await asyncio.Event().wait()
+        return True
+
+    s.manager.add_health_check("worker-1", hangs)
+    run = asyncio.create_task(s.manager.run_health_checks())
+    await entered.wait()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert s.manager.history == []
+    assert s.recorder.failed == []
+
+
 @pytest.mark.parametrize("answer", [None, 1, "ok", [True]])
 async def test_a_check_answering_anything_but_a_bool_is_a_failure(answer: object) -> None:
     s = Setup()
@@ -590,6 +624,18 @@ async def test_trigger_recovery_refuses_bad_arguments(args: tuple[Any, ...], mes
     with pytest.raises(InvalidArgumentError, match=message):
         await s.manager.trigger_recovery(*args)
     assert s.manager.retry_count("worker-1") == 0
+
+
+@pytest.mark.parametrize("agent_id", ["", None, ["worker-1"]])
+def test_lookups_by_agent_id_refuse_bad_ids(agent_id: Any) -> None:
+    s = Setup()
+    for method in (
+        s.manager.retry_count,
+        s.manager.reset_retry_counter,
+        s.manager.remove_health_check,
+    ):
+        with pytest.raises(InvalidArgumentError, match="agent_id must be a non-empty string"):
+            method(agent_id)
 
 
 def test_add_health_check_refuses_bad_arguments() -> None:

@@ -304,6 +304,107 @@ async def test_fifty_slow_calls_for_one_agent_run_concurrently() -> None:
     assert inside == 50
 
 
+async def test_a_circuit_opened_between_the_callers_two_looks_is_not_counted_again() -> None:
+    # Another thread may open the circuit after this call has read the epoch but before it
+    # reads the state. The call must then see the open circuit (and degrade), never run as a
+    # closed call of the new epoch whose failure would be counted past the threshold.
+    iso = FailureIsolator(failure_threshold=2, clock=FakeClock())
+    assert await iso.execute("a", lambda: "warm") == "warm"
+    # Reaches into the circuit to replay one thread interleaving exactly.
+    circuit = iso._circuits["a"]
+    other = Action()
+
+    class OpensOnFirstLook(type(circuit)):  # type: ignore[misc]
+        __slots__ = ("looked",)
+
+        def __getattribute__(self, name: str) -> Any:
+            if name == "epoch" and not object.__getattribute__(self, "looked"):
+                object.__setattr__(self, "looked", True)
+                # What a concurrent caller does under the lock when its failure opens it.
+                object.__setattr__(self, "failures", 2)
+                object.__setattr__(self, "state", CircuitState.OPEN)
+                object.__setattr__(self, "epoch", object.__getattribute__(self, "epoch") + 1)
+            return object.__getattribute__(self, name)
+
+    racing = OpensOnFirstLook()
+    racing.looked = False
+    iso._circuits["a"] = racing
+    other.failing = True
+    assert await iso.execute("a", other, lambda: "degraded") == "degraded"
+    assert other.runs == 0  # the call saw the open circuit: the action never ran
+    assert iso.failure_count("a") == 2
+    assert iso.state("a") is CircuitState.OPEN
+
+
+def test_exactly_one_probe_when_callers_in_several_threads_arrive_at_once() -> None:
+    clock = FakeClock()
+    iso = FailureIsolator(failure_threshold=1, recovery_timeout_s=5, clock=clock)
+    asyncio.run(trip(iso, "a", Action()))
+    clock.advance(5)
+    start = threading.Barrier(8)
+    others_done = threading.Event()
+    runs: list[int] = []
+    answers: list[object] = []
+    lock = threading.Lock()
+
+    def probe() -> str:
+        with lock:
+            runs.append(1)
+        # Holds the probe open until the other seven have been answered without it.
+        others_done.wait(timeout=10)
+        return "probe"
+
+    def worker() -> None:
+        start.wait(timeout=10)
+        answer = asyncio.run(iso.execute("a", probe, lambda: "degraded"))
+        with lock:
+            answers.append(answer)
+            if answers.count("degraded") == 7:
+                others_done.set()
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert runs == [1]
+    assert sorted(map(str, answers)) == ["degraded"] * 7 + ["probe"]
+    assert iso.state("a") is CircuitState.CLOSED
+
+
+def test_failures_from_many_threads_open_once_and_never_count_past_the_threshold() -> None:
+    iso = FailureIsolator(failure_threshold=5, recovery_timeout_s=60, clock=FakeClock())
+    start = threading.Barrier(8)
+    raised: list[int] = []
+    lock = threading.Lock()
+
+    def fail() -> None:
+        raise Boom("x")
+
+    def worker() -> None:
+        async def run() -> None:
+            for _ in range(200):
+                try:
+                    await iso.execute("a", fail, lambda: "degraded")
+                except Boom:
+                    with lock:
+                        raised.append(1)
+
+        start.wait(timeout=10)
+        asyncio.run(run())
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Four failures below the threshold are re-raised; the fifth opens it; every other call,
+    # racing or late, gets the degraded value and is not counted.
+    assert len(raised) == 4
+    assert iso.failure_count("a") == 5
+    assert iso.state("a") is CircuitState.OPEN
+
+
 def test_calls_from_many_threads_run_concurrently_and_count_exactly() -> None:
     iso = FailureIsolator(failure_threshold=10_000)
     barrier = threading.Barrier(8)
@@ -410,7 +511,8 @@ async def test_fail_fast_raises_circuit_open_error_naming_agent_count_and_probe_
     assert err.retry_after_s == pytest.approx(20.0)
     assert err.probe_at == clock.now() + timedelta(seconds=20)
     assert "agent 'agent-9'" in err.message
-    assert "after 2 consecutive failures" in err.message
+    assert "after 2 consecutive failures (threshold 2)" in err.message
+    assert err.failure_threshold == 2
     assert "in 20.000 s" in err.message
     assert err.probe_at.isoformat() in err.message
     assert err.to_dict()["details"]["probe_at"] == err.probe_at.isoformat()

@@ -225,18 +225,27 @@ async def test_a_timeout_cancels_the_agent_and_comes_back_as_an_error() -> None:
 
 
 async def test_a_timed_out_thread_agent_is_answered_without_waiting_for_it() -> None:
-    finish = threading.Event()
+    clock = FakeClock()
+    entered, finish = threading.Event(), threading.Event()
 
     def agent(task: str) -> str:
+        entered.set()
         finish.wait(timeout=10)
         return "late"
 
+    run = asyncio.create_task(run_sandboxed(agent, "x", SandboxConfig(timeout_s=2), clock=clock))
     try:
-        result = await run_sandboxed(agent, "x", SandboxConfig(timeout_s=0.05))
+        await until(lambda: entered.is_set() and clock.pending_timers == 1, "the agent runs")
+        clock.advance(2)
+        result = await run  # answered while the thread is still blocked in the agent
+        assert not finish.is_set()
     finally:
         finish.set()
     assert result.completed is False
+    assert result.result is None
     assert isinstance(result.error, SandboxTimeoutError)
+    assert result.error.message.startswith("the sandboxed run exceeded its timeout of 2 s")
+    assert result.duration_s == pytest.approx(2.0)
 
 
 async def test_an_agent_cancelled_from_inside_is_an_interruption() -> None:

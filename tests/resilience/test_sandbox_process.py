@@ -17,6 +17,7 @@ from corral.resilience import (
     SandboxTimeoutError,
     run_sandboxed,
 )
+from corral.runtime import FakeClock
 from tests.resilience import sandbox_agents as agents
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX process control")
@@ -144,12 +145,29 @@ async def test_a_child_past_its_timeout_is_killed(tmp_path: Path) -> None:
     assert 1.0 <= result.duration_s < 10
 
 
+async def until_timer_armed(clock: FakeClock, path: Path) -> None:
+    """Wait (bounded) until the child has written ``path`` and the parent armed its timeout."""
+    await read_pid(path)
+    for _ in range(1000):
+        if clock.pending_timers == 1:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the parent never armed its timeout")
+
+
 async def test_the_timeout_kills_what_the_child_started_too(tmp_path: Path) -> None:
     if not sys.platform.startswith("linux"):
         pytest.skip("reads /proc")
+    clock = FakeClock()
     config = SandboxConfig(isolation="process", timeout_s=1.5)
-    result = await run_sandboxed(agents.spawn_and_sleep, str(tmp_path), config)
+    run = asyncio.create_task(
+        run_sandboxed(agents.spawn_and_sleep, str(tmp_path), config, clock=clock)
+    )
+    await until_timer_armed(clock, tmp_path / "child.pid")
+    clock.advance(1.5)
+    result = await run
     assert isinstance(result.error, SandboxTimeoutError)
+    assert result.duration_s == pytest.approx(1.5)
     grandchild = int((tmp_path / "grandchild.pid").read_text())
     for _ in range(500):  # SIGKILL is delivered at once; allow the kernel a moment
         if gone(grandchild):
@@ -188,9 +206,19 @@ async def test_event_loops_that_cannot_watch_descriptors_poll_instead(
 
     monkeypatch.setattr(asyncio.get_running_loop(), "add_reader", no_readers)
     assert (await run_sandboxed(agents.shout, "polled", PROCESS)).result == "POLLED"
+    clock = FakeClock()
     config = SandboxConfig(isolation="process", timeout_s=1.0)
-    result = await run_sandboxed(agents.sleep_forever, str(tmp_path), config)
+    run = asyncio.create_task(
+        run_sandboxed(agents.sleep_forever, str(tmp_path), config, clock=clock)
+    )
+    pid = await read_pid(tmp_path / "child.pid")
+    for _ in range(20):  # polling: nothing ends it before the clock says so
+        await asyncio.sleep(0.01)
+    assert not run.done()
+    clock.advance(1.0)
+    result = await run
     assert isinstance(result.error, SandboxTimeoutError)
+    assert result.error.pid == pid
     assert result.error.pid is not None
     assert gone(result.error.pid)
 

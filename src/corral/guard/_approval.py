@@ -40,6 +40,8 @@ class ApprovalRequest:
     def resolve(self, allowed: bool) -> None:
         """Answer ``allowed`` from any thread. Only the first answer counts."""
         v.instance_of("ApprovalRequest.resolve", "allowed", allowed, bool)
+        if self.approval.done():
+            return  # answered, timed out or withdrawn already
         loop = self.approval.get_loop()
         try:
             running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -47,8 +49,13 @@ class ApprovalRequest:
             running = None
         if running is loop:
             _settle(self.approval, allowed)
-        else:
+            return
+        try:
             loop.call_soon_threadsafe(_settle, self.approval, allowed)
+        except RuntimeError:
+            # The loop has closed, so nobody waits for this answer any more.
+            if not loop.is_closed():
+                raise
 
     def approve(self) -> None:
         """``resolve(True)``."""

@@ -72,16 +72,28 @@ class AgentGroup:
             self._members[agent_id] = agent
 
     def remove(self, agent_id: str) -> object | None:
-        """Remove the member ``agent_id`` and return it; ``None`` when it was not a member."""
+        """Remove the member ``agent_id`` and return it; ``None`` when it was not a member.
+
+        Raises ``InvalidArgumentError`` when ``agent_id`` is not a non-empty string.
+        """
+        v.non_empty_str("AgentGroup.remove", "agent_id", agent_id)
         with self._lock:
             return self._members.pop(agent_id, None)
 
     def get(self, agent_id: str) -> object | None:
-        """The member ``agent_id``, or ``None`` when there is none."""
+        """The member ``agent_id``, or ``None`` when there is none.
+
+        Raises ``InvalidArgumentError`` when ``agent_id`` is not a non-empty string.
+        """
+        v.non_empty_str("AgentGroup.get", "agent_id", agent_id)
         return self._members.get(agent_id)
 
     def require(self, agent_id: str) -> object:
-        """The member ``agent_id``; raises :class:`UnknownAgentError` when there is none."""
+        """The member ``agent_id``; raises :class:`UnknownAgentError` when there is none.
+
+        Raises ``InvalidArgumentError`` when ``agent_id`` is not a non-empty string.
+        """
+        v.non_empty_str("AgentGroup.require", "agent_id", agent_id)
         agent = self._members.get(agent_id)
         if agent is None:
             raise UnknownAgentError(agent_id, self._name, len(self._members))

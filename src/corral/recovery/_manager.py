@@ -91,6 +91,7 @@ class RecoveryManager:
 
     def remove_health_check(self, agent_id: str) -> bool:
         """Stop checking ``agent_id``; whether it had a check."""
+        v.non_empty_str("RecoveryManager.remove_health_check", "agent_id", agent_id)
         with self._lock:
             return self._checks.pop(agent_id, None) is not None
 
@@ -128,11 +129,13 @@ class RecoveryManager:
 
     def retry_count(self, agent_id: str) -> int:
         """Recovery attempts made for ``agent_id`` since its last reset (0 for unknown ids)."""
+        v.non_empty_str("RecoveryManager.retry_count", "agent_id", agent_id)
         with self._lock:
             return self._counts.get(agent_id, 0)
 
     def reset_retry_counter(self, agent_id: str) -> None:
         """Set ``agent_id``'s retry count back to 0 (the cooldown still runs). Idempotent."""
+        v.non_empty_str("RecoveryManager.reset_retry_counter", "agent_id", agent_id)
         with self._lock:
             self._counts.pop(agent_id, None)
 
@@ -148,7 +151,9 @@ class RecoveryManager:
         """Run every check once, concurrently, and recover the agents that fail.
 
         Agents no longer in the group are skipped (absent from the answer; their checks stay
-        registered). A check that raises, or answers anything but True, is a failure.
+        registered). A check that raises, or answers anything but True, is a failure; so is a
+        check that ends in ``asyncio.CancelledError`` of its own (cancelling the caller still
+        cancels the run).
         """
         with self._lock:
             checks = list(self._checks.items())
@@ -184,6 +189,11 @@ class RecoveryManager:
         except Exception as exc:
             logger.warning("health check of agent %r raised", agent_id, exc_info=True)
             reason = f"health check raised {type(exc).__name__}: {exc}"
+        except asyncio.CancelledError:
+            if _cancelled_from_outside():
+                raise
+            logger.warning("health check of agent %r was cancelled from inside", agent_id)
+            reason = "health check was cancelled"
         status = HealthStatus(
             agent_id=agent_id, healthy=reason is None, reason=reason, checked_at=self._clock.now()
         )
@@ -343,6 +353,11 @@ class RecoveryManager:
                 await self.run_health_checks()
             except Exception:
                 logger.exception("health check run failed")
+            except asyncio.CancelledError:
+                if _cancelled_from_outside():
+                    raise
+                # A listener or hook cancelled itself: that must not end the watch.
+                logger.error("health check run was cancelled from inside; the checks go on")
             next_at += interval_s
             now = clock.monotonic()
             if next_at < now:
@@ -354,3 +369,9 @@ class RecoveryManager:
             f"RecoveryManager(group={self._group.name!r}, policy={self._policy!r}, "
             f"running={self.running})"
         )
+
+
+def _cancelled_from_outside() -> bool:
+    """Whether the running task has been asked to cancel (not an error raised by user code)."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0

@@ -41,7 +41,8 @@ class CircuitOpenError(RefusalError):
 
     Retryable: ``retry_after_s`` says how many seconds remain until the circuit may be probed
     (0 when it may be probed now or a probe is already running); ``probe_at`` is that instant
-    as an aware datetime. ``failure_count`` is the agent's count of consecutive failures.
+    as an aware datetime. ``failure_count`` is the agent's count of consecutive failures and
+    ``failure_threshold`` the count that opens the circuit.
     """
 
     code = "circuit_open"
@@ -54,29 +55,33 @@ class CircuitOpenError(RefusalError):
         failure_count: int,
         retry_after_s: float,
         probe_at: datetime,
+        *,
+        failure_threshold: int,
     ) -> None:
+        counted = f"after {failure_count} consecutive failures (threshold {failure_threshold})"
         if state is CircuitState.HALF_OPEN:
             message = (
-                f"circuit for agent {agent_id!r} is half-open after {failure_count} consecutive "
-                "failures and its one probe call is running; try again once the probe ends"
+                f"circuit for agent {agent_id!r} is half-open {counted} and its one probe call "
+                "is running; try again once the probe ends"
             )
         else:
             message = (
-                f"circuit for agent {agent_id!r} is open after {failure_count} consecutive "
-                f"failures; it may be probed again in {retry_after_s:.3f} s, "
-                f"at {probe_at.isoformat()}"
+                f"circuit for agent {agent_id!r} is open {counted}; it may be probed again in "
+                f"{retry_after_s:.3f} s, at {probe_at.isoformat()}"
             )
         super().__init__(
             message,
             agent_id=agent_id,
             state=state.value,
             failure_count=failure_count,
+            failure_threshold=failure_threshold,
             retry_after_s=retry_after_s,
             probe_at=probe_at.isoformat(),
         )
         self.agent_id = agent_id
         self.state = state
         self.failure_count = failure_count
+        self.failure_threshold = failure_threshold
         self.retry_after_s = retry_after_s
         self.probe_at = probe_at
 
@@ -220,9 +225,12 @@ class FailureIsolator:
             raise InvalidArgumentError(
                 "FailureIsolator.execute", "fallback", "callable or None", fallback
             )
+        # The epoch is read before the state: a state change bumps the epoch after setting
+        # the state, so an epoch read first is never newer than the CLOSED state seen next,
+        # and a circuit that opens in between makes this call's outcome stale.
+        epoch = circuit.epoch
         if circuit.state is not _CLOSED:
             return await self._execute_not_closed(circuit, agent_id, action, fallback)
-        epoch = circuit.epoch
         try:
             result = action()
             if type(result) is _COROUTINE or isawaitable(result):
@@ -233,7 +241,7 @@ class FailureIsolator:
             raise
         if circuit.failures:
             with self._lock:
-                if circuit.epoch == epoch:
+                if circuit.epoch == epoch and circuit.state is _CLOSED:
                     circuit.failures = 0
         if self._caching:
             circuit.last = result
@@ -291,7 +299,7 @@ class FailureIsolator:
     def _failed_while_closed(self, circuit: _Circuit, agent_id: str, epoch: int) -> bool:
         """Count a failure of a call admitted while closed; True when it gets degraded."""
         with self._lock:
-            if circuit.epoch != epoch:
+            if circuit.epoch != epoch or circuit.state is not _CLOSED:
                 return circuit.state is not _CLOSED
             circuit.failures += 1
             failures = circuit.failures
@@ -393,7 +401,9 @@ class FailureIsolator:
         else:
             retry_after_s = 0.0
         probe_at = self._clock.now() + timedelta(seconds=retry_after_s)
-        return CircuitOpenError(agent_id, state, failures, retry_after_s, probe_at)
+        return CircuitOpenError(
+            agent_id, state, failures, retry_after_s, probe_at, failure_threshold=self._threshold
+        )
 
     def __repr__(self) -> str:
         return (
