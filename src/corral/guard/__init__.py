@@ -6,9 +6,10 @@ a :class:`GuardrailResult`. :class:`AgentGroup` holds the agents a supervisor an
 """
 
 from corral.guard._approval import ApprovalRequest, HumanApproval, OnRequest
-from corral.guard._group import AgentGroup, UnknownAgentError
+from corral.guard._group import AgentGroup
 from corral.guard._result import Guardrail, GuardrailResult, GuardrailWarning, Severity
 from corral.guard._supervisor import Supervisor
+from corral.kernel import UnknownAgentError  # re-exported: the one class for every layer
 
 __all__ = [
     "AgentGroup",

@@ -6,24 +6,8 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from corral.kernel import InvalidArgumentError, UsageError
+from corral.kernel import InvalidArgumentError, UnknownAgentError
 from corral.kernel import _validate as v
-
-
-class UnknownAgentError(UsageError, LookupError):
-    """An agent id that is not a member of the group was named where a member is required."""
-
-    code = "unknown_agent"
-
-    def __init__(self, agent_id: str, group: str, members: int) -> None:
-        super().__init__(
-            f"agent {agent_id!r} is not a member of group {group!r} ({members} members)",
-            agent_id=agent_id,
-            group=group,
-            members=members,
-        )
-        self.agent_id = agent_id
-        self.group = group
 
 
 class AgentGroup:
@@ -96,7 +80,7 @@ class AgentGroup:
         v.non_empty_str("AgentGroup.require", "agent_id", agent_id)
         agent = self._members.get(agent_id)
         if agent is None:
-            raise UnknownAgentError(agent_id, self._name, len(self._members))
+            raise unknown_member(agent_id, self._name, len(self._members))
         return agent
 
     def ids(self) -> list[str]:
@@ -115,3 +99,13 @@ class AgentGroup:
 
     def __repr__(self) -> str:
         return f"AgentGroup(name={self._name!r}, members={len(self._members)})"
+
+
+def unknown_member(agent_id: str, group: str, members: int) -> UnknownAgentError:
+    """The error for an id that is not a member of ``group``."""
+    return UnknownAgentError(
+        agent_id,
+        f"agent {agent_id!r} is not a member of group {group!r} ({members} members)",
+        group=group,
+        members=members,
+    )

@@ -19,6 +19,7 @@ from corral.kernel._errors import (
     RunError,
     SpawnBudgetExceeded,
     ToolRefused,
+    UnknownAgentError,
     UsageError,
 )
 from corral.kernel._messages import ChatMessage, Role, ToolCall
@@ -72,6 +73,7 @@ __all__ = [
     "TimerHandle",
     "ToolCall",
     "ToolRefused",
+    "UnknownAgentError",
     "UsageError",
     "new_id",
 ]

@@ -73,6 +73,32 @@ class InvalidArgumentError(UsageError, ValueError, TypeError):
         self.value = value
 
 
+class UnknownAgentError(UsageError, LookupError):
+    """An agent id names no agent where one is required (also a ``LookupError``).
+
+    ``where`` names the call (when that helps), ``group`` the agent group (when there is one).
+    """
+
+    code = "unknown_agent"
+
+    def __init__(
+        self,
+        agent_id: str,
+        message: str,
+        *,
+        where: str | None = None,
+        group: str | None = None,
+        **details: Any,
+    ) -> None:
+        extra: dict[str, Any] = {
+            k: v for k, v in (("where", where), ("group", group)) if v is not None
+        }
+        super().__init__(message, agent_id=agent_id, **extra, **details)
+        self.agent_id = agent_id
+        self.where = where
+        self.group = group
+
+
 # --- run failures -------------------------------------------------------------------------
 
 

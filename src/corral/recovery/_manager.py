@@ -10,7 +10,8 @@ import math
 import threading
 from collections.abc import Mapping
 
-from corral.guard import AgentGroup, Supervisor, UnknownAgentError
+from corral.guard import AgentGroup, Supervisor
+from corral.guard._group import unknown_member
 from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError, UsageError
 from corral.kernel import _validate as v
 from corral.recovery._types import (
@@ -211,7 +212,7 @@ class RecoveryManager:
             agent = self._group.get(agent_id)
             if agent is None:
                 if strict:
-                    raise UnknownAgentError(agent_id, self._group.name, len(self._group))
+                    raise unknown_member(agent_id, self._group.name, len(self._group))
                 return None
             count = self._counts.get(agent_id, 0)
             last = self._last_attempt.get(agent_id)

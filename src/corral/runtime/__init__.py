@@ -4,6 +4,7 @@ Cancellation tokens with deadlines, budget trackers, the spawn tracker, the midd
 pipeline and its built-ins, compaction and history, and the model seam.
 """
 
+from corral.kernel import UnknownAgentError  # re-exported: the one class for every layer
 from corral.runtime._budget import BudgetUsage, ExecutionTracker
 from corral.runtime._cancellation import Cancellation
 from corral.runtime._compaction import (
@@ -57,7 +58,6 @@ from corral.runtime._spawn import (
     SpawnSnapshot,
     SpawnTracker,
     TrackedAgent,
-    UnknownAgentError,
 )
 
 __all__ = [

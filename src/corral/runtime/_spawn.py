@@ -18,6 +18,7 @@ from corral.kernel import (
     Priority,
     SpawnBudget,
     SpawnBudgetExceeded,
+    UnknownAgentError,
     UsageError,
 )
 from corral.kernel import _validate as v
@@ -28,22 +29,6 @@ AgentCallback = Callable[[str], object]
 """``on_pause``/``on_resume``: called with the agent id; may return an awaitable."""
 
 _PREEMPTING = frozenset({Priority.HIGH, Priority.CRITICAL})
-
-
-class UnknownAgentError(UsageError):
-    """The agent id holds no slot and is not paused: never acquired, or already released."""
-
-    code = "unknown_agent"
-
-    def __init__(self, where: str, agent_id: str) -> None:
-        super().__init__(
-            f"{where}: agent {agent_id!r} holds no slot and is not paused "
-            "(never acquired, or already released)",
-            where=where,
-            agent_id=agent_id,
-        )
-        self.where = where
-        self.agent_id = agent_id
 
 
 class AgentAlreadyTrackedError(UsageError):
@@ -280,7 +265,7 @@ class SpawnTracker:
         if self._paused.pop(agent_id, None) is not None:
             return None
         if self._active.pop(agent_id, None) is None:
-            raise UnknownAgentError("SpawnTracker.release", agent_id)
+            raise _unknown("SpawnTracker.release", agent_id)
         if not self._paused:
             return None
         best = min(self._paused.values(), key=_resume_rank)
@@ -304,7 +289,7 @@ class SpawnTracker:
         v.instance_of(where, "priority", priority, Priority)
         agent = self._active.get(agent_id) or self._paused.get(agent_id)
         if agent is None:
-            raise UnknownAgentError(where, agent_id)
+            raise _unknown(where, agent_id)
         agent.priority = priority
 
     # --- introspection --------------------------------------------------------------------
@@ -438,3 +423,12 @@ class PauseGate:
 
     def __repr__(self) -> str:
         return f"PauseGate({'paused' if self.is_paused else 'open'})"
+
+
+def _unknown(where: str, agent_id: str) -> UnknownAgentError:
+    return UnknownAgentError(
+        agent_id,
+        f"{where}: agent {agent_id!r} holds no slot and is not paused "
+        "(never acquired, or already released)",
+        where=where,
+    )
