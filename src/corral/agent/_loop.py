@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -26,6 +27,7 @@ from corral.kernel import (
 )
 from corral.kernel import _validate as v
 from corral.runtime import (
+    AgentContext,
     BudgetAccounting,
     BudgetUsage,
     Cancellation,
@@ -40,6 +42,8 @@ from corral.runtime import (
 )
 
 T = TypeVar("T")
+
+logger = logging.getLogger("corral.agent")
 
 ToolStatus = Literal["ok", "refused", "invalid", "error"]
 
@@ -102,6 +106,7 @@ class Agent:
         middleware: Sequence[Middleware] = (),
         budget: ExecutionBudget | None = None,
         model_options: Mapping[str, Any] | None = None,
+        context: AgentContext | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         where = "Agent"
@@ -114,12 +119,19 @@ class Agent:
         for mw in middleware:
             if not callable(getattr(mw, "process", None)):
                 raise InvalidArgumentError(where, "middleware[]", "a Middleware", mw)
+        if context is not None:
+            v.instance_of(where, "context", context, AgentContext)
+            if context.agent_id != agent_id:
+                raise InvalidArgumentError(
+                    where, "context", f"the context of agent {agent_id!r}", context.agent_id
+                )
         self.client = client
         self.agent_id = agent_id
         self.instructions = instructions
         self.budget = budget
         self.middleware = tuple(middleware)
         self.model_options = dict(model_options or {})
+        self.context = context
         self.clock = clock
         self.tools: dict[str, Tool] = {}
         for item in tools:
@@ -135,22 +147,45 @@ class Agent:
         meta: RunMeta | None = None,
         tracker: ExecutionTracker | None = None,
         history: Sequence[ChatMessage] = (),
+        session_id: str | None = None,
     ) -> AgentRun:
         """Handle ``prompt`` to a final answer.
 
-        ``meta`` defaults to a fresh root run on the agent's clock. The budget is the agent's
-        ``budget``, else the supervision's execution budget; ``deadline_s`` becomes a deadline
-        on the run (the sooner of it and ``meta.deadline``). Pass a ``tracker`` to share
-        accounting across runs. ``history`` is prepended (after the instructions).
+        ``meta`` defaults to a fresh root run on the agent's clock, in session ``session_id``
+        (a new session when None). The budget is the agent's ``budget``, else the
+        supervision's execution budget; ``deadline_s`` becomes a deadline on the run (the
+        sooner of it and ``meta.deadline``). Pass a ``tracker`` to share accounting across
+        runs. ``history`` is prepended (after the instructions).
+
+        With a ``context``, the session's compacted history comes before ``history``, and
+        the run's messages (from the prompt on) are appended to the session with the
+        supervision's retention, whether the run succeeds or fails (a trailing model message
+        whose tool calls got no results is left out, so the history stays valid). A store
+        error fails a successful run; after a failed run it is logged and the run's own error
+        is raised. Nothing is saved when the task is cancelled from outside.
         """
-        v.non_empty_str("Agent.run", "prompt", prompt)
+        where = "Agent.run"
+        v.non_empty_str(where, "prompt", prompt)
+        v.non_empty_str(where, "session_id", session_id, optional=True)
         if meta is None:
             meta = RunMeta(
                 cancellation=Cancellation(clock=self.clock),
-                supervision=Supervision.root(self.agent_id),
+                supervision=Supervision.root(self.agent_id, session_id=session_id),
                 clock=self.clock,
             )
-        v.instance_of("Agent.run", "meta", meta, RunMeta)
+        v.instance_of(where, "meta", meta, RunMeta)
+        supervision = meta.supervision
+        if session_id is not None and (supervision is None or supervision.session_id != session_id):
+            raise InvalidArgumentError(
+                where, "session_id", "None or the session of meta.supervision", session_id
+            )
+        if self.context is not None:
+            if supervision is None:
+                raise InvalidArgumentError(
+                    where, "meta.supervision", "a Supervision when the agent has a context", None
+                )
+            window = await self.context.get_prompt_window(supervision.session_id)
+            history = [*window, *history]
         budget = self.budget
         if budget is None and meta.supervision is not None:
             budget = meta.supervision.execution_budget
@@ -163,11 +198,34 @@ class Agent:
         if meta.deadline is not None and isinstance(token, Cancellation):
             token.cancel_at(meta.deadline)
         meta = dataclasses.replace(meta, cancellation=token)
+        run = _Run(self, meta, tracker, list(history))
         try:
-            return await _Run(self, meta, tracker, list(history)).execute(prompt)
+            result = await run.execute(prompt)
+        except Exception as exc:
+            if self.context is not None and supervision is not None:
+                try:
+                    await self._save(self.context, supervision, meta.id, run.new_messages())
+                except Exception:
+                    logger.exception("could not save the history of a failed run")
+                    exc.add_note("the run's messages could not be saved to the history store")
+            raise
         finally:
             if isinstance(token, Cancellation) and not token.is_cancelled:
                 token.cancel("run finished")  # releases the deadline timer
+        if self.context is not None and supervision is not None:
+            await self._save(self.context, supervision, meta.id, run.new_messages())
+        return result
+
+    @staticmethod
+    async def _save(
+        context: AgentContext,
+        supervision: Supervision,
+        run_id: str,
+        messages: list[ChatMessage],
+    ) -> None:
+        await context.store.append(
+            supervision.session_id, messages, run_id=run_id, retention=supervision.retention
+        )
 
 
 class _Run:
@@ -183,11 +241,24 @@ class _Run:
         if agent.instructions:
             self.messages.append(ChatMessage.system(agent.instructions))
         self.messages.extend(history)
+        self.start = len(self.messages)  # where this run's own messages begin
         self.outcomes: list[ToolOutcome] = []
         self.pipeline = MiddlewarePipeline(
             [*agent.middleware, CancellationCheck(), BudgetAccounting(tracker)]
         )
         self.specs = [t.spec for t in agent.tools.values()]
+
+    def new_messages(self) -> list[ChatMessage]:
+        """This run's messages, without a trailing tool request that got no results."""
+        new = self.messages[self.start :]
+        for i in range(len(new) - 1, -1, -1):
+            calls = new[i].tool_calls
+            if calls:
+                answered = {m.tool_call_id for m in new[i + 1 :]}
+                if any(call.id not in answered for call in calls):
+                    return new[:i]
+                break
+        return new
 
     def context(self, stage: MiddlewareStage, **fields: Any) -> MiddlewareContext:
         return MiddlewareContext(

@@ -1,0 +1,153 @@
+"""The agent loop with a history store and compaction (AgentContext)."""
+
+from collections.abc import Sequence
+
+import pytest
+
+from corral.agent import Agent
+from corral.kernel import (
+    BudgetExhaustedError,
+    ChatMessage,
+    ExecutionBudget,
+    HistoryRetention,
+    InvalidArgumentError,
+    Role,
+    RunMeta,
+    Supervision,
+)
+from corral.runtime import (
+    AgentContext,
+    Cancellation,
+    InMemoryHistoryStore,
+    ScriptedClient,
+    SlidingWindow,
+)
+
+text = ScriptedClient.text_reply
+call = ScriptedClient.tool_call_reply
+
+
+def contents(messages: Sequence[ChatMessage]) -> list[str | None]:
+    return [m.content for m in messages]
+
+
+async def test_a_session_remembers_earlier_runs() -> None:
+    store = InMemoryHistoryStore()
+    client = ScriptedClient([text("hello Ada"), text("your name is Ada")])
+    agent = Agent(client, agent_id="bot", context=AgentContext("bot", store))
+    await agent.run("my name is Ada", session_id="chat-1")
+    await agent.run("what is my name?", session_id="chat-1")
+    assert contents(client.requests[1].messages) == [
+        "my name is Ada",
+        "hello Ada",
+        "what is my name?",
+    ]
+    assert contents(await store.load("chat-1")) == [
+        "my name is Ada",
+        "hello Ada",
+        "what is my name?",
+        "your name is Ada",
+    ]
+
+
+async def test_other_sessions_do_not_leak_in() -> None:
+    store = InMemoryHistoryStore()
+    client = ScriptedClient([text("one"), text("two")])
+    agent = Agent(client, agent_id="bot", context=AgentContext("bot", store))
+    await agent.run("first", session_id="a")
+    await agent.run("second", session_id="b")
+    assert contents(client.requests[1].messages) == ["second"]
+
+
+async def test_compaction_shapes_the_window_but_the_store_keeps_everything() -> None:
+    store = InMemoryHistoryStore()
+    client = ScriptedClient([text(f"reply {i}") for i in range(4)])
+    context = AgentContext("bot", store, SlidingWindow(2))
+    agent = Agent(client, agent_id="bot", instructions="be brief", context=context)
+    for i in range(4):
+        await agent.run(f"prompt {i}", session_id="s")
+    assert contents(client.requests[3].messages) == [
+        "be brief",
+        "prompt 2",
+        "reply 2",
+        "prompt 3",
+    ]
+    assert len(await store.load("s")) == 8  # instructions are not history
+
+
+async def test_run_retention_is_deleted_when_the_run_ends() -> None:
+    store = InMemoryHistoryStore()
+    root = Supervision.root("boss", session_id="s")
+    child = root.spawn_child("boss")  # children keep history for the run only
+    assert child.retention is HistoryRetention.RUN
+    agent = Agent(ScriptedClient([text("done")]), agent_id="w", context=AgentContext("w", store))
+    await agent.run("work", meta=RunMeta(cancellation=Cancellation(), supervision=child))
+    assert contents(await store.load("s")) == ["work", "done"]
+    await store.end_run(root.run_id)
+    assert await store.load("s") == []
+
+
+async def test_a_failed_run_is_saved_without_its_unanswered_tool_request() -> None:
+    store = InMemoryHistoryStore()
+
+    def lookup(key: str) -> str:
+        return "value"
+
+    client = ScriptedClient(
+        [
+            call("lookup", {"key": "a"}, prompt_tokens=10),
+            call("lookup", {"key": "b"}, prompt_tokens=100),
+        ]
+    )
+    agent = Agent(
+        client,
+        agent_id="bot",
+        tools=[lookup],
+        budget=ExecutionBudget(max_tokens=50),
+        context=AgentContext("bot", store),
+    )
+    with pytest.raises(BudgetExhaustedError):
+        await agent.run("look things up", session_id="s")
+    saved = await store.load("s")
+    assert [m.role for m in saved] == [Role.USER, Role.ASSISTANT, Role.TOOL]
+    assert saved[1].tool_calls[0].arguments == {"key": "a"}
+
+
+async def test_a_store_failure_after_a_failed_run_keeps_the_runs_error() -> None:
+    class BrokenStore(InMemoryHistoryStore):
+        async def append(self, *args: object, **kwargs: object) -> None:
+            raise OSError("disk full")
+
+    agent = Agent(
+        ScriptedClient([text("x", prompt_tokens=10)]),
+        agent_id="bot",
+        budget=ExecutionBudget(max_tokens=5),
+        context=AgentContext("bot", BrokenStore()),
+    )
+    with pytest.raises(BudgetExhaustedError) as info:
+        await agent.run("go")
+    assert any("could not be saved" in note for note in info.value.__notes__)
+
+
+async def test_a_store_failure_after_a_good_run_is_raised() -> None:
+    class BrokenStore(InMemoryHistoryStore):
+        async def append(self, *args: object, **kwargs: object) -> None:
+            raise OSError("disk full")
+
+    agent = Agent(
+        ScriptedClient([text("x")]), agent_id="bot", context=AgentContext("bot", BrokenStore())
+    )
+    with pytest.raises(OSError, match="disk full"):
+        await agent.run("go")
+
+
+async def test_session_and_context_mismatches_are_refused() -> None:
+    store = InMemoryHistoryStore()
+    with pytest.raises(InvalidArgumentError, match="context"):
+        Agent(ScriptedClient(), agent_id="bot", context=AgentContext("other", store))
+    agent = Agent(ScriptedClient([text("x")]), agent_id="bot", context=AgentContext("bot", store))
+    meta = RunMeta(cancellation=Cancellation(), supervision=Supervision.root("bot", session_id="a"))
+    with pytest.raises(InvalidArgumentError, match="session_id"):
+        await agent.run("go", meta=meta, session_id="b")
+    with pytest.raises(InvalidArgumentError, match=r"meta\.supervision"):
+        await agent.run("go", meta=RunMeta(cancellation=Cancellation()))
