@@ -288,6 +288,41 @@ async def test_history_is_a_copy_in_order() -> None:
     assert s.manager.history == [a, b]
 
 
+async def test_the_history_keeps_the_newest_max_history_results_in_order() -> None:
+    s = Setup(RecoveryPolicy(cooldown_s=0, max_retries=100, escalate_after=100), max_history=3)
+    assert s.manager.max_history == 3
+    results = [
+        await s.manager.trigger_recovery(f"worker-{1 + n % 2}", f"reason {n}") for n in range(5)
+    ]
+    assert s.manager.history == results[2:]
+    assert [r.reason for r in s.manager.history] == ["reason 2", "reason 3", "reason 4"]
+    assert isinstance(s.manager.history, list)
+    # Dropping history drops no counts, and listeners still heard of every attempt.
+    assert (s.manager.retry_count("worker-1"), s.manager.retry_count("worker-2")) == (3, 2)
+    assert s.recorder.attempts == results
+    newest = await s.manager.trigger_recovery("worker-2", "reason 5")
+    assert s.manager.history == [*results[3:], newest]
+
+
+async def test_a_history_of_one_keeps_only_the_latest() -> None:
+    s = Setup(RecoveryPolicy(cooldown_s=0, max_retries=100), max_history=1)
+    await s.manager.trigger_recovery("worker-1", "old")
+    latest = await s.manager.trigger_recovery("worker-1", "new")
+    assert s.manager.history == [latest]
+
+
+def test_the_history_holds_a_thousand_by_default() -> None:
+    assert Setup().manager.max_history == 1000
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, True, "10", None])
+def test_max_history_must_be_a_positive_integer(value: object) -> None:
+    with pytest.raises(InvalidArgumentError, match="max_history must be a positive integer") as e:
+        Setup(max_history=value)
+    assert e.value.code == "invalid_argument"
+    assert e.value.where == "RecoveryManager"
+
+
 async def test_triggering_an_unknown_agent_raises_a_typed_error() -> None:
     s = Setup()
     with pytest.raises(UnknownAgentError) as caught:

@@ -8,12 +8,14 @@ import inspect
 import logging
 import math
 import threading
+from collections import deque
 from collections.abc import Mapping
 
 from corral.guard import AgentGroup, Supervisor
 from corral.guard._group import unknown_member
 from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError, UsageError
 from corral.kernel import _validate as v
+from corral.recovery._checks import CheckRunner, CheckUnanswered
 from corral.recovery._types import (
     LISTENER_METHODS,
     HealthCheck,
@@ -39,6 +41,18 @@ class RecoveryManager:
     action is taken, and the result goes to the history and to the listeners. The decision is
     atomic per agent, so attempts racing from several tasks or threads never share a count.
     The retry count is not reset when an agent is healthy again: :meth:`reset_retry_counter`.
+
+    ``max_history`` (an integer >= 1) caps the history: the oldest results are dropped first.
+    ``check_timeout_s`` (seconds of ``clock``, a finite number > 0, or None for no limit) bounds
+    each health check: one that has not answered by then is a failed check whose reason says it
+    timed out, and recovery starts as for any failure. An async check (a coroutine function, or
+    an object with an async ``__call__``) runs on the event loop and is cancelled at the
+    timeout. Any other check is called in a worker thread, with or without a timeout, so a
+    blocking one freezes neither the loop nor the other checks; it must therefore not touch the
+    event loop (make it async for that). A thread cannot be interrupted: at the timeout it is
+    left to finish, its answer is dropped, and until it has finished that agent's check is not
+    started again and each run reports it as still hung. Raises ``InvalidArgumentError`` for
+    bad arguments.
     """
 
     def __init__(
@@ -48,6 +62,8 @@ class RecoveryManager:
         *,
         restart_hook: RestartHook | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        max_history: int = 1000,
+        check_timeout_s: float | None = 10.0,
     ) -> None:
         where = "RecoveryManager"
         v.instance_of(where, "supervisor", supervisor, Supervisor)
@@ -55,6 +71,8 @@ class RecoveryManager:
         if restart_hook is not None:
             v.callable_(where, "restart_hook", restart_hook)
         v.instance_of(where, "clock", clock, Clock)
+        v.positive_int(where, "max_history", max_history)
+        v.positive_number(where, "check_timeout_s", check_timeout_s, optional=True)
         self._supervisor = supervisor
         self._group: AgentGroup = supervisor.group
         self._policy = policy
@@ -64,7 +82,10 @@ class RecoveryManager:
         self._checks: dict[str, HealthCheck] = {}
         self._counts: dict[str, int] = {}
         self._last_attempt: dict[str, float] = {}
-        self._history: list[RecoveryResult] = []
+        self._history: deque[RecoveryResult] = deque(maxlen=max_history)
+        self._checker = CheckRunner(
+            clock, None if check_timeout_s is None else float(check_timeout_s)
+        )
         self._listeners: tuple[object, ...] = ()
         self._task: asyncio.Task[None] | None = None
 
@@ -75,6 +96,18 @@ class RecoveryManager:
     @property
     def policy(self) -> RecoveryPolicy:
         return self._policy
+
+    @property
+    def max_history(self) -> int:
+        """How many results the history keeps at most."""
+        maxlen = self._history.maxlen
+        assert maxlen is not None
+        return maxlen
+
+    @property
+    def check_timeout_s(self) -> float | None:
+        """Seconds each health check may take (None: no limit)."""
+        return self._checker.timeout_s
 
     # --- registration ---------------------------------------------------------------------
 
@@ -142,7 +175,10 @@ class RecoveryManager:
 
     @property
     def history(self) -> list[RecoveryResult]:
-        """A copy of every attempt's result, oldest first (cooldown skips are not kept)."""
+        """A copy of the attempts' results, oldest first: the newest ``max_history`` of them.
+
+        Cooldown skips are not kept.
+        """
         with self._lock:
             return list(self._history)
 
@@ -153,8 +189,9 @@ class RecoveryManager:
 
         Agents no longer in the group are skipped (absent from the answer; their checks stay
         registered). A check that raises, or answers anything but True, is a failure; so is a
-        check that ends in ``asyncio.CancelledError`` of its own (cancelling the caller still
-        cancels the run).
+        check that ends in ``asyncio.CancelledError`` of its own, and one that does not answer
+        within ``check_timeout_s`` (the other checks are not held up by it). Cancelling the
+        caller still cancels the run, and the async checks with it.
         """
         with self._lock:
             checks = list(self._checks.items())
@@ -178,15 +215,15 @@ class RecoveryManager:
             return None
         reason: str | None
         try:
-            outcome: object = check(agent)
-            if inspect.isawaitable(outcome):
-                outcome = await outcome
+            outcome = await self._checker.run(agent_id, check, agent)
             if outcome is True:
                 reason = None
             elif outcome is False:
                 reason = "health check returned False"
             else:
                 reason = f"health check returned {outcome!r}, not a bool"
+        except CheckUnanswered as unanswered:
+            reason = unanswered.reason
         except Exception as exc:
             logger.warning("health check of agent %r raised", agent_id, exc_info=True)
             reason = f"health check raised {type(exc).__name__}: {exc}"
@@ -368,7 +405,7 @@ class RecoveryManager:
     def __repr__(self) -> str:
         return (
             f"RecoveryManager(group={self._group.name!r}, policy={self._policy!r}, "
-            f"running={self.running})"
+            f"check_timeout_s={self.check_timeout_s!r}, running={self.running})"
         )
 
 

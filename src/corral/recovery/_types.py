@@ -93,7 +93,11 @@ class HealthStatus:
 
 
 HealthCheck = Callable[[object], "bool | Awaitable[bool]"]
-"""``check(agent) -> bool``, plain or async: True is healthy; anything else, or raising, is not."""
+"""``check(agent) -> bool``, plain or async: True is healthy; anything else, or raising, is not.
+
+An async check runs on the event loop; a plain one runs in a worker thread (see
+``RecoveryManager``), so it must not touch the event loop.
+"""
 
 RestartHook = Callable[[str, object, RecoveryAction], "object | Awaitable[object]"]
 """``hook(agent_id, agent, action)`` for RESTART and RESTART_CLEAN, plain or async."""
