@@ -24,6 +24,7 @@ from corral.runtime import (
     WaitFixed,
 )
 from tests.support.openai_server import OpenAIServer, completion, reply, tool_call
+from tests.support.polling import settle
 
 PRICES = {"test-model": ModelPrice(input_per_mtok_usd=1.0, output_per_mtok_usd=2.0)}
 
@@ -108,10 +109,7 @@ async def test_cancel_from_outside_interrupts_the_call(openai_server: OpenAIServ
     async with OpenAIClient(openai_server.base_url, "test-model") as client:
         agent = Agent(client)
         task = asyncio.create_task(agent.run("wait", meta=RunMeta(cancellation=token)))
-        for _ in range(500):  # bounded poll until the request reached the server
-            if openai_server.requests:
-                break
-            await asyncio.sleep(0.01)
+        await settle(lambda: bool(openai_server.requests))
         token.cancel("operator pressed stop")
         with pytest.raises(CancellationError, match="operator pressed stop"):
             await task
@@ -121,10 +119,7 @@ async def test_outside_task_cancellation_passes_through(openai_server: OpenAISer
     openai_server.enqueue(reply(completion("too late"), delay_s=20))
     async with OpenAIClient(openai_server.base_url, "test-model") as client:
         task = asyncio.create_task(Agent(client).run("wait"))
-        for _ in range(500):
-            if openai_server.requests:
-                break
-            await asyncio.sleep(0.01)
+        await settle(lambda: bool(openai_server.requests))
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

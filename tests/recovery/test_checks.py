@@ -4,7 +4,6 @@ import asyncio
 import math
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,22 +19,7 @@ from corral.recovery import (
     RecoveryResult,
 )
 from corral.runtime import FakeClock
-
-
-async def settle(condition: Callable[[], bool], *, within_s: float = 5.0) -> None:
-    """Let the loop and the check threads run until ``condition`` holds, bounded in time."""
-    deadline = time.monotonic() + within_s
-    turns = 0
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {within_s} s")
-        turns += 1
-        await asyncio.sleep(0 if turns < 100 else 0.001)
-
-
-async def idle(turns: int = 20) -> None:
-    for _ in range(turns):
-        await asyncio.sleep(0)
+from tests.support.polling import idle, settle
 
 
 class Failures(RecoveryListener):

@@ -2,8 +2,6 @@
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable
 
 import pytest
 
@@ -11,25 +9,7 @@ from corral.guard import AgentGroup, Supervisor
 from corral.kernel import UsageError
 from corral.recovery import RecoveryManager, RecoveryPolicy, RecoveryResult
 from corral.runtime import FakeClock
-
-
-async def settle(condition: Callable[[], bool], *, within_s: float = 5.0) -> None:
-    """Let the loop (and the threads of plain checks) run until ``condition`` holds.
-
-    Bounded in real time: plain checks answer from a worker thread, not on a loop turn.
-    """
-    deadline = time.monotonic() + within_s
-    turns = 0
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {within_s} s")
-        turns += 1
-        await asyncio.sleep(0 if turns < 100 else 0.001)
-
-
-async def idle(turns: int = 20) -> None:
-    for _ in range(turns):
-        await asyncio.sleep(0)
+from tests.support.polling import idle, settle
 
 
 def running(manager: RecoveryManager) -> bool:
