@@ -1,0 +1,146 @@
+"""Errors of the agent service. Each maps to one HTTP status (see ``http_status``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from corral.kernel import BudgetExhaustedError, CorralError, RefusalError, UsageError
+
+
+class DaemonError(CorralError):
+    """Base of the agent service's own refusals."""
+
+    code = "daemon_error"
+    status = 400
+
+
+class InvalidSpecError(DaemonError, UsageError):
+    """A spec or command body is invalid; ``problems`` lists every problem found."""
+
+    code = "invalid_spec"
+    status = 400
+
+    def __init__(self, problems: list[dict[str, Any]], what: str = "agent spec") -> None:
+        shown = "; ".join(f"{p['field']}: {p['message']}" for p in problems[:10])
+        more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
+        super().__init__(
+            f"invalid {what}: {len(problems)} problem(s): {shown}{more}", problems=problems
+        )
+        self.problems = problems
+
+
+class AgentNotFoundError(DaemonError):
+    code = "agent_not_found"
+    status = 404
+
+    def __init__(self, agent_id: str) -> None:
+        super().__init__(f"no agent with id {agent_id!r}", agent_id=agent_id)
+        self.agent_id = agent_id
+
+
+class AgentNotLiveError(DaemonError):
+    """The agent has ended (stopped or failed); it cannot take prompts any more."""
+
+    code = "agent_not_live"
+    status = 409
+
+    def __init__(self, agent_id: str, state: str) -> None:
+        super().__init__(
+            f"agent {agent_id!r} is {state}; only running, idle and blocked agents take commands",
+            agent_id=agent_id,
+            state=state,
+        )
+
+
+class AgentBusyError(DaemonError):
+    """The agent is in the middle of a turn; prompt it again when it is idle or blocked."""
+
+    code = "agent_busy"
+    status = 409
+    default_retryable = True
+
+    def __init__(self, agent_id: str) -> None:
+        super().__init__(
+            f"agent {agent_id!r} is running a turn; prompt it once it is idle or blocked",
+            agent_id=agent_id,
+        )
+
+
+class AgentBudgetExhaustedError(DaemonError):
+    """The agent's budget leaves no room for another turn; the turn did not start."""
+
+    code = "budget_exhausted"
+    status = 409
+
+    def __init__(self, agent_id: str, cause: BudgetExhaustedError) -> None:
+        super().__init__(
+            f"agent {agent_id!r}: {cause.message}; the turn did not start",
+            agent_id=agent_id,
+            dimension=cause.dimension,
+            limit=cause.limit,
+            used=cause.used,
+        )
+
+
+class NothingToSendError(DaemonError):
+    code = "nothing_to_send"
+    status = 400
+
+    def __init__(self, agent_id: str) -> None:
+        super().__init__(
+            f"agent {agent_id!r} has no earlier prompt to re-send; give a text",
+            agent_id=agent_id,
+        )
+
+
+class IdempotencyConflictError(DaemonError):
+    """The idempotency key was used before for a different command."""
+
+    code = "idempotency_conflict"
+    status = 422
+
+    def __init__(self, key: str, first: str, now: str) -> None:
+        super().__init__(
+            f"idempotency key {key!r} was first used for {first}, not {now}; "
+            "use a new key for new work",
+            key=key,
+            first=first,
+            now=now,
+        )
+
+
+class SpawnRefusedError(DaemonError, RefusalError):
+    """The run's headcount cap is reached (retryable: a slot may free up)."""
+
+    code = "spawn_budget_exceeded"
+    status = 409
+    default_retryable = True
+
+    def __init__(self, run_id: str, max_agents: int, live: int) -> None:
+        super().__init__(
+            f"spawn budget exceeded: run {run_id!r} has {live} live agents of a cap of "
+            f"{max_agents}",
+            run_id=run_id,
+            max_agents=max_agents,
+            live=live,
+        )
+
+
+class UnauthorizedError(DaemonError):
+    code = "unauthorized"
+    status = 401
+
+    def __init__(self) -> None:
+        super().__init__("a valid bearer token is required")
+
+
+def http_status(error: CorralError) -> int:
+    """The HTTP status for ``error``: its own ``status``, else by family."""
+    status = getattr(error, "status", None)
+    if isinstance(status, int):
+        return status
+    if error.code in {"rate_limited", "pool_exhausted"}:
+        return 429
+    if isinstance(error, UsageError):
+        return 400
+    return 500

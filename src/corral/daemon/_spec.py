@@ -1,0 +1,147 @@
+"""The agent spec: what ``POST /agents`` takes (JSON, camelCase)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from corral.daemon._errors import InvalidSpecError
+from corral.kernel import ExecutionBudget, SpawnBudget
+
+NOTIFY_KINDS = ("done", "failed", "blocked")
+_FUNCTION_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class BudgetSpec(_Model):
+    """Per-agent limits; each None means unlimited."""
+
+    max_tokens: int | None = Field(default=None, ge=0)
+    max_cost_usd: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    max_turns: int | None = Field(default=None, ge=0)
+    deadline_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+
+    def to_budget(self) -> ExecutionBudget:
+        return ExecutionBudget(
+            max_tokens=self.max_tokens,
+            max_cost_usd=self.max_cost_usd,
+            max_turns=self.max_turns,
+            deadline_s=self.deadline_s,
+        )
+
+
+class SpawnBudgetSpec(_Model):
+    """The headcount cap of the run a root agent starts (root included)."""
+
+    max_agents: int = Field(default=50, ge=1)
+    allow_preempt: bool = True
+
+    def to_budget(self) -> SpawnBudget:
+        return SpawnBudget(max_agents=self.max_agents, allow_preempt=self.allow_preempt)
+
+
+class PriceSpec(_Model):
+    input_per_mtok_usd: float = Field(ge=0, allow_inf_nan=False)
+    output_per_mtok_usd: float = Field(ge=0, allow_inf_nan=False)
+
+
+class OpenAISpec(_Model):
+    """The ``openai`` harness: the agent loop against an OpenAI-compatible server."""
+
+    base_url: str = Field(min_length=1)
+    model: str = Field(min_length=1)
+    api_key_env: str | None = Field(default=None, min_length=1)
+    instructions: str | None = None
+    price: PriceSpec | None = None
+
+
+class AgentSpec(_Model):
+    """One agent, as given to ``POST /agents``.
+
+    Harnesses: ``command`` (``command`` argv; the prompt on stdin, the result from stdout),
+    ``python`` (``function`` as ``module:function``), ``openai`` (``openai`` options).
+    """
+
+    name: str = Field(min_length=1, max_length=200)
+    harness: Literal["command", "python", "openai"]
+    command: list[str] | None = Field(default=None, min_length=1)
+    function: str | None = None
+    openai: OpenAISpec | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    prompt: str | None = None
+    on_failure: Literal["fail", "ask", "retry"] = "fail"
+    max_retries: int | None = Field(default=None, ge=0)
+    max_consecutive_failures: int = Field(default=3, ge=1)
+    parent: str | None = Field(default=None, min_length=1)
+    notify_on: list[str] = Field(default_factory=list)
+    budget: BudgetSpec = Field(default_factory=BudgetSpec)
+    spawn_budget: SpawnBudgetSpec | None = None
+    turn_timeout_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
+
+    def cross_field_problems(self) -> list[dict[str, Any]]:
+        """Problems that need more than one field to see."""
+        problems: list[dict[str, Any]] = []
+
+        def bad(field: str, message: str) -> None:
+            problems.append({"field": field, "message": message})
+
+        needs = {"command": "command", "python": "function", "openai": "openai"}
+        for harness, field in needs.items():
+            given = getattr(self, field) is not None
+            if self.harness == harness and not given:
+                bad(field, f"required by harness {harness!r}")
+            elif self.harness != harness and given:
+                bad(field, f"only for harness {harness!r}, not {self.harness!r}")
+        if self.command is not None and any(not part for part in self.command):
+            bad("command", "argv entries must be non-empty strings")
+        if self.function is not None and not _FUNCTION_RE.match(self.function):
+            bad("function", f"must look like 'package.module:function', got {self.function!r}")
+        if self.max_retries is not None and self.on_failure != "retry":
+            bad("maxRetries", f"only meaningful with onFailure 'retry', not {self.on_failure!r}")
+        for i, kind in enumerate(self.notify_on):
+            if kind not in NOTIFY_KINDS:
+                bad(f"notifyOn[{i}]", f"must be one of {list(NOTIFY_KINDS)}, got {kind!r}")
+        if self.notify_on and self.parent is None:
+            bad("notifyOn", "needs a parent to notify")
+        if self.spawn_budget is not None and self.parent is not None:
+            bad("spawnBudget", "only a root agent (no parent) sets its run's spawn budget")
+        return problems
+
+    def to_json(self) -> dict[str, Any]:
+        """The spec as JSON with camelCase keys, defaults included."""
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def parse_spec(data: Any) -> AgentSpec:
+    """Validate ``data`` into an AgentSpec; raise InvalidSpecError listing every problem."""
+    if not isinstance(data, dict):
+        raise InvalidSpecError([{"field": "(body)", "message": "must be a JSON object"}])
+    try:
+        spec = AgentSpec.model_validate(data)
+    except pydantic.ValidationError as exc:
+        raise InvalidSpecError(problems_of(exc)) from None
+    problems = spec.cross_field_problems()
+    if problems:
+        raise InvalidSpecError(problems)
+    return spec
+
+
+def problems_of(exc: pydantic.ValidationError) -> list[dict[str, Any]]:
+    """Pydantic's errors as ``{"field", "message"}`` with camelCase dotted paths."""
+    found = []
+    for error in exc.errors():
+        path = ".".join(str(part) for part in error["loc"]) or "(body)"
+        message = error["msg"]
+        if error["type"] == "extra_forbidden":
+            message = "unknown field"
+        found.append({"field": path, "message": message})
+    return found

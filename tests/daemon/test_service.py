@@ -1,0 +1,428 @@
+"""AgentService: the failure rules of DESIGN section 4, notices, budgets, commands."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from corral.daemon import (
+    AgentBudgetExhaustedError,
+    AgentBusyError,
+    AgentNotFoundError,
+    AgentNotLiveError,
+    AgentService,
+    Event,
+    IdempotencyConflictError,
+    InvalidSpecError,
+    NothingToSendError,
+    SpawnRefusedError,
+    SQLiteStore,
+)
+from tests.support.harness import ScriptedHarness, fail
+from tests.support.polling import settle
+
+
+def _exists(path: str) -> bool:
+    return Path(path).exists()
+
+
+class Env:
+    def __init__(self, store: SQLiteStore, service: AgentService, harness: ScriptedHarness):
+        self.store = store
+        self.service = service
+        self.harness = harness
+
+    async def spawn(self, **spec: Any) -> str:
+        spec.setdefault("harness", "command")
+        spec.setdefault("command", ["true"])
+        result = await self.service.spawn(spec)
+        return str(result.body["id"])
+
+    def state(self, agent_id: str) -> str:
+        return str(self.service.get(agent_id)["state"])
+
+    async def until(self, agent_id: str, *states: str) -> dict[str, Any]:
+        await settle(
+            lambda: self.state(agent_id) in states and agent_id not in self.harness.running
+        )
+        await settle(lambda: agent_id not in self.service._turns)
+        return self.service.get(agent_id)
+
+    async def events(self, agent_id: str | None = None) -> list[Event]:
+        return await self.service.events(0, agent_id=agent_id)
+
+    async def types(self, agent_id: str) -> list[str]:
+        return [e.type for e in await self.events(agent_id)]
+
+    async def assert_replay_matches(self) -> None:
+        assert (await self.store.replay()).snapshot() == self.store.state.snapshot()
+
+
+@pytest.fixture
+async def env(tmp_path: Path) -> AsyncIterator[Env]:
+    store = SQLiteStore(tmp_path / "corral.db")
+    await store.open()
+    harness = ScriptedHarness()
+    service = AgentService(store, home=tmp_path / "home", harnesses={"command": harness})
+    await service.start()
+    yield Env(store, service, harness)
+    await service.close()
+    await store.close()
+
+
+async def test_spawn_with_prompt_runs_a_turn_and_goes_idle(env: Env) -> None:
+    env.harness.script("w", "all done")
+    agent_id = await env.spawn(name="w", prompt="do it")
+    assert agent_id.startswith("a_")
+    assert len(agent_id) == 10
+    rec = await env.until(agent_id, "idle")
+    assert rec["lastOutput"] == "all done"
+    assert rec["turns"] == 1
+    assert rec["usage"]["turns"] == 1
+    assert await env.types(agent_id) == [
+        "agent.created",
+        "agent.turn_started",
+        "agent.turn_completed",
+        "agent.state_changed",
+    ]
+    (request,) = env.harness.requests
+    assert request.prompt == "do it"
+    assert request.env["CORRAL_AGENT_ID"] == agent_id
+    assert request.workdir.is_dir()
+    await env.assert_replay_matches()
+
+
+async def test_spawn_without_prompt_waits_idle_then_takes_a_prompt(env: Env) -> None:
+    agent_id = await env.spawn(name="w")
+    assert env.state(agent_id) == "idle"
+    result = await env.service.prompt(agent_id, "hello")
+    assert result.status == 202
+    await env.until(agent_id, "idle")
+    assert env.harness.prompts(agent_id) == ["hello"]
+
+
+async def test_fail_is_the_default_and_turn_failed_comes_first(env: Env) -> None:
+    env.harness.script("w", fail("exit 2: disk full"))
+    agent_id = await env.spawn(name="w", prompt="go")
+    rec = await env.until(agent_id, "failed")
+    assert rec["error"] == "exit 2: disk full"
+    events = await env.events(agent_id)
+    failed = next(e for e in events if e.type == "agent.turn_failed")
+    changed = next(e for e in events if e.type == "agent.state_changed")
+    assert failed.seq < changed.seq
+    assert failed.data["error"] == "exit 2: disk full"
+    assert failed.data["consecutiveFailures"] == 1
+    assert changed.data["to"] == "failed"
+
+
+async def test_ask_holds_the_agent_and_tells_the_parent(env: Env) -> None:
+    parent = await env.spawn(name="boss")
+    env.harness.script("w", fail("no access"))
+    child = await env.spawn(name="w", prompt="go", onFailure="ask", parent=parent)
+    rec = await env.until(child, "blocked")
+    assert rec["reason"] == "ask"
+    events = await env.events(child)
+    needed = [e for e in events if e.type == "agent.supervision_needed"]
+    assert [e.data for e in needed] == [{"reason": "ask", "error": "no access"}]
+    (notice,) = env.service.inbox(parent)
+    assert notice["kind"] == "supervision"
+    assert notice["from"] == child
+    assert notice["reason"] == "ask"
+    assert notice["state"] == "pending"
+    (decision,) = env.service.decisions()
+    assert decision["agentId"] == child
+    assert decision["reason"] == "ask"
+
+
+async def test_retry_resends_the_same_prompt_then_holds(env: Env) -> None:
+    env.harness.script("w", fail("a"), fail("b"), fail("c"))
+    agent_id = await env.spawn(
+        name="w", prompt="migrate", onFailure="retry", maxRetries=2, maxConsecutiveFailures=5
+    )
+    rec = await env.until(agent_id, "blocked")
+    assert rec["reason"] == "retries-exhausted"
+    assert env.harness.prompts(agent_id) == ["migrate", "migrate", "migrate"]
+    changes = [e.data for e in await env.events(agent_id) if e.type == "agent.state_changed"]
+    assert [c["to"] for c in changes] == ["blocked"]  # retries emit no state change
+    failures = [
+        e.data["consecutiveFailures"]
+        for e in await env.events(agent_id)
+        if e.type == "agent.turn_failed"
+    ]
+    assert failures == [1, 2, 3]
+
+
+async def test_retry_without_max_retries_holds_at_once(env: Env) -> None:
+    env.harness.script("w", fail())
+    agent_id = await env.spawn(name="w", prompt="go", onFailure="retry")
+    rec = await env.until(agent_id, "blocked")
+    assert rec["reason"] == "ask"
+    assert len(env.harness.prompts(agent_id)) == 1
+
+
+async def test_breaker_trips_whatever_the_policy(env: Env) -> None:
+    env.harness.script("w", fail(), fail(), fail(), fail())
+    agent_id = await env.spawn(name="w", prompt="go", onFailure="retry", maxRetries=10)
+    rec = await env.until(agent_id, "blocked")
+    assert rec["reason"] == "circuit-tripped"
+    assert len(env.harness.prompts(agent_id)) == 3  # default maxConsecutiveFailures
+
+
+async def test_breaker_counts_failures_after_a_person_reprompts(env: Env) -> None:
+    env.harness.script("w", fail("one"), fail("two"))
+    agent_id = await env.spawn(name="w", prompt="go", onFailure="ask", maxConsecutiveFailures=2)
+    assert (await env.until(agent_id, "blocked"))["reason"] == "ask"
+    await env.service.prompt(agent_id, "try again", by="ops", why="rotated the key")
+    rec = await env.until(agent_id, "blocked")
+    assert rec["reason"] == "circuit-tripped"
+    (resolution,) = env.service.resolutions()
+    assert resolution["action"] == "prompt"
+    assert resolution["by"] == "ops"
+    assert resolution["why"] == "rotated the key"
+    assert resolution["reason"] == "ask"
+
+
+async def test_a_success_resets_the_count(env: Env) -> None:
+    env.harness.script("w", fail(), "fine", fail())
+    agent_id = await env.spawn(
+        name="w", prompt="go", onFailure="retry", maxRetries=5, maxConsecutiveFailures=2
+    )
+    await env.until(agent_id, "idle")
+    assert env.service.get(agent_id)["consecutiveFailures"] == 0
+    await env.service.prompt(agent_id, "again")
+    await settle(lambda: len(env.harness.prompts(agent_id)) == 4)
+    rec = await env.until(agent_id, "idle")
+    assert rec["consecutiveFailures"] == 0
+
+
+async def test_notify_on_done_and_failed_reaches_the_parent_in_front_of_its_next_prompt(
+    env: Env,
+) -> None:
+    parent = await env.spawn(name="boss")
+    env.harness.script("a", "report ready")
+    env.harness.script("b", fail("crashed"))
+    a = await env.spawn(name="a", prompt="x", parent=parent, notifyOn=["done"])
+    b = await env.spawn(name="b", prompt="y", parent=parent, notifyOn=["failed"])
+    await env.until(a, "idle")
+    await env.until(b, "failed")
+    assert sorted(n["kind"] for n in env.service.inbox(parent)) == ["done", "failed"]
+    await env.service.prompt(parent, "what now?")
+    await env.until(parent, "idle")
+    (sent,) = env.harness.prompts(parent)
+    assert sent.startswith("[corral] notices since your last turn:")
+    assert "finished a turn: report ready" in sent
+    assert "failed: crashed" in sent
+    assert sent.endswith("\n\nwhat now?")
+    assert {n["state"] for n in env.service.inbox(parent)} == {"delivered"}
+    await env.assert_replay_matches()
+
+
+async def test_without_notify_on_only_supervision_notices_are_sent(env: Env) -> None:
+    parent = await env.spawn(name="boss")
+    child = await env.spawn(name="w", prompt="x", parent=parent)
+    await env.until(child, "idle")
+    assert env.service.inbox(parent) == []
+
+
+async def test_a_stopped_parents_notices_are_dropped(env: Env) -> None:
+    parent = await env.spawn(name="boss")
+    env.harness.script("w", fail(), "hang")
+    child = await env.spawn(name="w", prompt="x", parent=parent, onFailure="ask")
+    await env.until(child, "blocked")
+    await env.service.stop(parent)
+    assert [n["state"] for n in env.service.inbox(parent)] == ["dropped"]
+    await env.service.stop(child)
+    assert env.state(child) == "stopped"
+
+
+async def test_commands_on_wrong_states_are_refused(env: Env) -> None:
+    env.harness.script("w", "hang")
+    agent_id = await env.spawn(name="w", prompt="go")
+    await settle(lambda: agent_id in env.harness.running)
+    with pytest.raises(AgentBusyError) as busy:
+        await env.service.prompt(agent_id, "more")
+    assert busy.value.retryable
+    await env.service.stop(agent_id)
+    with pytest.raises(AgentNotLiveError, match="stopped"):
+        await env.service.prompt(agent_id, "more")
+    with pytest.raises(AgentNotLiveError):
+        await env.service.stop(agent_id)
+    with pytest.raises(AgentNotFoundError):
+        await env.service.prompt("a_00000000", "x")
+    idle = await env.spawn(name="idle")
+    with pytest.raises(NothingToSendError):
+        await env.service.prompt(idle)
+
+
+async def test_stop_cancels_a_running_turn(env: Env) -> None:
+    env.harness.script("w", "hang")
+    agent_id = await env.spawn(name="w", prompt="go")
+    await settle(lambda: agent_id in env.harness.running)
+    await env.service.stop(agent_id, by="ops", why="runaway")
+    assert env.harness.cancelled == [agent_id]
+    types = await env.types(agent_id)
+    assert types[-2:] == ["agent.turn_interrupted", "agent.state_changed"]
+    rec = env.service.get(agent_id)
+    assert rec["state"] == "stopped"
+    assert rec["turnInFlight"] is None
+    assert not _exists(rec["workdir"])
+    await env.assert_replay_matches()
+
+
+async def test_stopping_a_blocked_agent_records_the_decision(env: Env) -> None:
+    env.harness.script("w", fail())
+    agent_id = await env.spawn(name="w", prompt="go", onFailure="ask")
+    await env.until(agent_id, "blocked")
+    await env.service.stop(agent_id, by="alice", why="not worth it")
+    (resolution,) = env.service.resolutions()
+    assert (resolution["action"], resolution["by"], resolution["why"]) == (
+        "stop",
+        "alice",
+        "not worth it",
+    )
+    assert env.service.decisions() == []
+
+
+async def test_idempotent_commands_are_applied_once(env: Env) -> None:
+    spec = {"name": "w", "harness": "command", "command": ["true"]}
+    first = await env.service.spawn(spec, idempotency_key="k1")
+    again = await env.service.spawn(spec, idempotency_key="k1")
+    assert again.replayed
+    assert not first.replayed
+    assert again.body == first.body
+    assert again.status == 201
+    assert len(env.service.list_agents()) == 1
+    with pytest.raises(IdempotencyConflictError, match="k1"):
+        await env.service.spawn({**spec, "name": "other"}, idempotency_key="k1")
+    agent_id = first.body["id"]
+    await env.service.prompt(agent_id, "once", idempotency_key="p1")
+    await env.until(agent_id, "idle")
+    replay = await env.service.prompt(agent_id, "once", idempotency_key="p1")
+    assert replay.replayed
+    await env.until(agent_id, "idle")
+    assert env.harness.prompts(agent_id) == ["once"]
+
+
+async def test_a_turn_that_would_pass_the_budget_does_not_start(env: Env) -> None:
+    agent_id = await env.spawn(name="w", prompt="one", budget={"maxTurns": 1})
+    await env.until(agent_id, "idle")
+    with pytest.raises(AgentBudgetExhaustedError) as info:
+        await env.service.prompt(agent_id, "two")
+    assert info.value.details["dimension"] == "turns"
+    assert "used 1 of a limit of 1" in info.value.message
+    rec = env.service.get(agent_id)
+    assert rec["state"] == "blocked"
+    assert rec["reason"] == "budget-exhausted"
+    needed = [e.data for e in await env.events(agent_id) if e.type == "agent.supervision_needed"]
+    assert needed[-1]["dimension"] == "turns"
+    assert env.harness.prompts(agent_id) == ["one"]
+
+
+async def test_tokens_spent_by_failed_retries_stop_the_retry_loop(env: Env) -> None:
+    env.harness.script("w", fail("a", tokens=60), fail("b", tokens=60), fail("c", tokens=60))
+    agent_id = await env.spawn(
+        name="w",
+        prompt="go",
+        onFailure="retry",
+        maxRetries=5,
+        maxConsecutiveFailures=10,
+        budget={"maxTokens": 100},
+    )
+    rec = await env.until(agent_id, "blocked")
+    assert rec["reason"] == "budget-exhausted"
+    assert len(env.harness.prompts(agent_id)) == 2
+    assert rec["usage"]["tokens"] == 120
+
+
+async def test_spawn_budget_caps_the_run(env: Env) -> None:
+    root = await env.spawn(name="root", spawnBudget={"maxAgents": 2})
+    await env.spawn(name="c1", parent=root)
+    with pytest.raises(SpawnRefusedError) as info:
+        await env.spawn(name="c2", parent=root)
+    assert info.value.retryable
+    assert "2 live agents of a cap of 2" in info.value.message
+
+
+async def test_invalid_specs_list_every_problem_and_create_nothing(env: Env) -> None:
+    before = env.store.state.last_seq
+    with pytest.raises(InvalidSpecError) as info:
+        await env.service.spawn(
+            {"name": "", "harness": "command", "onFailure": "sometimes", "bogus": 1}
+        )
+    fields = {p["field"] for p in info.value.problems}
+    assert {"name", "onFailure", "bogus"} <= fields
+    with pytest.raises(InvalidSpecError) as parent:
+        await env.service.spawn(
+            {"name": "x", "harness": "command", "command": ["true"], "parent": "a_ffffffff"}
+        )
+    assert parent.value.problems == [
+        {"field": "parent", "message": "no agent with id 'a_ffffffff'"}
+    ]
+    with pytest.raises(InvalidSpecError) as cross:
+        await env.service.spawn(
+            {"name": "x", "harness": "python", "notifyOn": ["done", "sometimes"]}
+        )
+    assert {p["field"] for p in cross.value.problems} == {"function", "notifyOn[1]", "notifyOn"}
+    assert env.store.state.last_seq == before
+
+
+async def test_restart_settles_a_turn_left_in_flight(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "c.db")
+    await store.open()
+    harness = ScriptedHarness()
+    harness.script("failing", "hang")
+    harness.script("retrying", "hang", "second time lucky")
+    service = AgentService(store, home=tmp_path, harnesses={"command": harness})
+    await service.start()
+    spec: dict[str, Any] = {"harness": "command", "command": ["x"], "prompt": "go"}
+    a = (await service.spawn({**spec, "name": "failing"})).body["id"]
+    b = (
+        await service.spawn({**spec, "name": "retrying", "onFailure": "retry", "maxRetries": 1})
+    ).body["id"]
+    c = (await service.spawn({"name": "idle", "harness": "command", "command": ["x"]})).body["id"]
+    await settle(lambda: {a, b} <= harness.running)
+    await service.close()  # like a crash: nothing is written for the turns in flight
+    await store.close()
+
+    store = SQLiteStore(tmp_path / "c.db")
+    await store.open()
+    assert store.state.agents[a]["turnInFlight"] == 1
+    service = AgentService(store, home=tmp_path, harnesses={"command": harness})
+    await service.start()
+    assert sorted(harness.reaped) == sorted([a, b])
+    env = Env(store, service, harness)
+    rec = await env.until(a, "failed")
+    assert rec["error"] == "daemon restarted during turn"
+    types = await env.types(a)
+    assert types[-3:] == ["agent.turn_interrupted", "agent.turn_failed", "agent.state_changed"]
+    rec_b = await env.until(b, "idle")
+    assert rec_b["lastOutput"] == "second time lucky"
+    assert env.state(c) == "idle"
+    seqs = [e.seq for e in await env.events()]
+    assert seqs == list(range(1, len(seqs) + 1))
+    await env.assert_replay_matches()
+    await service.close()
+    await store.close()
+
+
+async def test_subscribers_catch_up_then_follow_live_without_gaps(env: Env) -> None:
+    first = await env.spawn(name="w", prompt="one")
+    await env.until(first, "idle")
+    seen: list[int] = []
+    stream = env.service.subscribe(after=2)
+
+    async def collect(done: Callable[[], bool]) -> None:
+        async for event in stream:
+            seen.append(event.seq)
+            if done():
+                break
+
+    task = asyncio.create_task(collect(lambda: len(seen) >= 6))
+    await env.service.prompt(first, "two")
+    await asyncio.wait_for(task, 5)
+    assert seen == list(range(3, 9))
+    await stream.aclose()
