@@ -1,5 +1,6 @@
 """The agent loop with a history store and compaction (AgentContext)."""
 
+import asyncio
 from collections.abc import Sequence
 
 import pytest
@@ -7,7 +8,9 @@ import pytest
 from corral.agent import Agent
 from corral.kernel import (
     BudgetExhaustedError,
+    CancellationError,
     ChatMessage,
+    DeadlineExceededError,
     ExecutionBudget,
     HistoryRetention,
     InvalidArgumentError,
@@ -18,6 +21,7 @@ from corral.kernel import (
 from corral.runtime import (
     AgentContext,
     Cancellation,
+    FakeClock,
     InMemoryHistoryStore,
     ScriptedClient,
     SlidingWindow,
@@ -151,3 +155,48 @@ async def test_session_and_context_mismatches_are_refused() -> None:
         await agent.run("go", meta=meta, session_id="b")
     with pytest.raises(InvalidArgumentError, match=r"meta\.supervision"):
         await agent.run("go", meta=RunMeta(cancellation=Cancellation()))
+
+
+async def test_the_deadline_stops_a_compaction_that_hangs() -> None:
+    clock = FakeClock()
+    started = asyncio.Event()
+
+    class SlowSummary:
+        """A summarising compaction whose model never answers."""
+
+        async def compact(self, history: list[ChatMessage]) -> list[ChatMessage]:
+            started.set()
+            await clock.sleep(3600)
+            return history
+
+    client = ScriptedClient([text("never")])
+    agent = Agent(
+        client,
+        agent_id="bot",
+        budget=ExecutionBudget(deadline_s=30),
+        context=AgentContext("bot", InMemoryHistoryStore(), SlowSummary()),
+        clock=clock,
+    )
+    task = asyncio.create_task(agent.run("go"))
+    await asyncio.wait_for(started.wait(), 5)
+    clock.advance(30)
+    with pytest.raises(DeadlineExceededError):
+        await asyncio.wait_for(task, 5)
+    assert client.requests == []
+    assert clock.pending_timers == 0  # the abandoned sleep and the deadline timer are gone
+
+
+async def test_a_run_cancelled_before_it_starts_calls_nothing() -> None:
+    token = Cancellation()
+    token.cancel("not today")
+    client = ScriptedClient([text("never")])
+    store = InMemoryHistoryStore()
+    await store.append(
+        "s", [ChatMessage.user("old")], run_id="r0", retention=HistoryRetention.PERMANENT
+    )
+    agent = Agent(client, agent_id="bot", context=AgentContext("bot", store))
+    meta = RunMeta(cancellation=token, supervision=Supervision.root("bot", session_id="s"))
+    with pytest.raises(CancellationError, match="not today"):
+        await agent.run("go", meta=meta)
+    assert client.requests == []
+    assert contents(await store.load("s")) == ["old"]

@@ -8,6 +8,7 @@ import pytest
 
 from corral.agent import Agent, Tool, tool
 from corral.kernel import (
+    CancellationError,
     ChatMessage,
     CostUnknownError,
     DeadlineExceededError,
@@ -260,12 +261,163 @@ async def test_history_and_instructions_lead_the_conversation() -> None:
         (lambda: Agent(ScriptedClient(), tools=[len, Tool(len)]), "tools"),
         (lambda: Tool(lambda *a: a, name="star"), "fn"),
         (lambda: Tool(42), "fn"),  # type: ignore[arg-type]
+        (lambda: Tool(_takes_a_lock), "fn"),
+        (lambda: Agent(ScriptedClient(), tools=len), "tools"),  # type: ignore[arg-type]
+        (lambda: Agent(ScriptedClient(), tools="echo"), "tools"),  # type: ignore[arg-type]
+        (lambda: Agent(ScriptedClient(), middleware=5), "middleware"),  # type: ignore[arg-type]
+        (lambda: Agent(ScriptedClient(), model_options=5), "model_options"),  # type: ignore[arg-type]
+        (lambda: Agent(ScriptedClient(), model_options={1: 2}), "model_options key"),  # type: ignore[dict-item]
+        (lambda: Agent(ScriptedClient(), clock="system"), "clock"),  # type: ignore[arg-type]
     ],
 )
 def test_bad_construction_is_refused(build: Any, argument: str) -> None:
     with pytest.raises(InvalidArgumentError) as info:
         build()
     assert info.value.argument == argument
+
+
+def _takes_a_lock(lock: threading.Lock) -> str:  # pydantic cannot describe a lock
+    return "locked"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "argument"),
+    [
+        ({"tracker": "shared"}, "tracker"),
+        ({"history": 5}, "history"),
+        ({"history": "earlier"}, "history"),
+        ({"history": ["earlier"]}, "history[]"),
+    ],
+)
+async def test_bad_run_arguments_are_refused_before_any_call(
+    kwargs: dict[str, Any], argument: str
+) -> None:
+    client = ScriptedClient([text("never")])
+    with pytest.raises(InvalidArgumentError) as info:
+        await Agent(client).run("go", **kwargs)
+    assert info.value.where == "Agent.run"
+    assert info.value.argument == argument
+    assert client.requests == []
+
+
+def test_a_middleware_with_bad_stages_is_refused_at_construction() -> None:
+    class Odd:
+        stages = "chat"  # a string, not a set of stages
+
+        async def process(self, ctx: MiddlewareContext, call_next: Any) -> None:
+            await call_next()
+
+    with pytest.raises(InvalidArgumentError, match="Odd: stages must be a non-empty set"):
+        Agent(ScriptedClient(), middleware=[Odd()])
+
+
+async def test_middleware_given_as_a_generator_is_used_whole() -> None:
+    recorder = Recorder()
+    agent = Agent(ScriptedClient([text("done")]), middleware=(m for m in [recorder]))
+    await agent.run("go")
+    assert recorder.seen == [">turn", ">chat", "<chat", "<turn"]
+
+
+async def test_tool_parameters_named_like_pydantic_internals_or_positional_only() -> None:
+    def lookup(key: str, /, schema: str, _scope: int = 1, model_config: bool = False) -> str:
+        return f"{key}|{schema}|{_scope}|{model_config}"
+
+    t = Tool(lookup)
+    assert sorted(t.spec.parameters["properties"]) == ["_scope", "key", "model_config", "schema"]
+    assert t.spec.parameters["required"] == ["key", "schema"]
+    assert await t.call({"key": "k", "schema": "s", "_scope": 2}) == "k|s|2|False"
+    client = ScriptedClient([call("lookup", {"key": "a", "schema": "b"}), text("done")])
+    run = await Agent(client, tools=[t]).run("go")
+    assert [(o.status, o.output) for o in run.tool_calls] == [("ok", "a|b|1|False")]
+
+
+async def test_an_object_with_an_async_call_is_awaited() -> None:
+    class Fetch:
+        __name__ = "fetch"
+
+        async def __call__(self, url: str) -> str:
+            await asyncio.sleep(0)
+            return f"fetched {url}"
+
+    assert await Tool(Fetch()).call({"url": "u"}) == "fetched u"
+
+
+async def test_a_plain_tool_returning_an_awaitable_has_it_awaited() -> None:
+    async def later(n: int) -> int:
+        return n * 2
+
+    def double(n: int) -> Any:
+        return later(n)
+
+    assert await Tool(double).call({"n": 21}) == "42"
+
+
+async def test_tool_call_refuses_arguments_that_are_not_a_mapping() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"Tool\.call: arguments must be a Mapping"):
+        await Tool(len).call(["x"])  # type: ignore[arg-type]
+
+
+def _other_tasks() -> set[asyncio.Task[Any]]:
+    return {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+
+
+async def test_a_finished_run_leaves_no_task_behind() -> None:
+    client = ScriptedClient([call("echo", {"text": "hi"}), text("done")])
+
+    def echo(text: str) -> str:
+        return text
+
+    await Agent(client, tools=[echo]).run("go")
+    assert _other_tasks() == set()
+
+
+async def test_outside_cancellation_waits_for_the_abandoned_call_to_clean_up() -> None:
+    started = asyncio.Event()
+    cleaned: list[str] = []
+
+    async def hangs(messages: list[ChatMessage], tools: object) -> ChatResult:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            for _ in range(3):  # cleanup that takes a few loop turns (closing a socket)
+                await asyncio.sleep(0)
+            cleaned.append("closed")
+        raise AssertionError("unreachable")
+
+    task = asyncio.create_task(Agent(ScriptedClient([hangs])).run("go"))
+    await asyncio.wait_for(started.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cleaned == ["closed"]
+    assert _other_tasks() == set()
+
+
+async def test_a_cancelled_token_abandons_a_tool_and_leaves_no_task() -> None:
+    token = Cancellation()
+    started = asyncio.Event()
+    cleaned: list[str] = []
+
+    async def wait_forever() -> str:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.sleep(0)
+            cleaned.append("closed")
+        return "never"
+
+    client = ScriptedClient([call("wait_forever"), text("never")])
+    agent = Agent(client, tools=[wait_forever])
+    task = asyncio.create_task(agent.run("go", meta=RunMeta(cancellation=token)))
+    await asyncio.wait_for(started.wait(), 5)
+    token.cancel("operator stop")
+    with pytest.raises(CancellationError, match="operator stop"):
+        await task
+    assert cleaned == ["closed"]
+    assert _other_tasks() == set()
+    assert len(client.requests) == 1
 
 
 async def test_empty_prompt_is_refused() -> None:

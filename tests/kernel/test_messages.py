@@ -28,9 +28,20 @@ def test_role_given_as_text_is_coerced() -> None:
         (lambda: ToolCall("", "t"), "id"),
         (lambda: ToolCall("c", ""), "name"),
         (lambda: ToolCall("c", "t", ["not", "a", "mapping"]), "arguments"),  # type: ignore[arg-type]
+        (lambda: ToolCall("c", "t", {}, invalid_arguments=5), "invalid_arguments"),  # type: ignore[arg-type]
+        (lambda: ChatMessage(Role.ASSISTANT, "x", 5), "tool_calls"),  # type: ignore[arg-type]
+        (lambda: ChatMessage(Role.ASSISTANT, "x", "ab"), "tool_calls"),  # type: ignore[arg-type]
+        (lambda: ChatMessage(Role.USER, "x", name=5), "name"),  # type: ignore[arg-type]
+        (lambda: ChatMessage(Role.USER, "x", name=""), "name"),
     ],
 )
 def test_invalid_messages_are_refused(build: object, argument: str) -> None:
     with pytest.raises(InvalidArgumentError) as info:
         build()  # type: ignore[operator]
     assert info.value.argument == argument
+
+
+def test_tool_calls_given_as_a_list_become_a_tuple() -> None:
+    call = ToolCall("c1", "search")
+    message = ChatMessage(Role.ASSISTANT, None, [call])  # type: ignore[arg-type]
+    assert message.tool_calls == (call,)

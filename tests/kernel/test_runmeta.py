@@ -80,6 +80,8 @@ def test_with_deadline_after_keeps_the_sooner_deadline() -> None:
         ({"deadline": datetime(2026, 1, 1)}, "deadline"),  # naive
         ({"tenant_id": ""}, "tenant_id"),
         ({"supervision": "sup"}, "supervision"),
+        ({"trace_id": ""}, "trace_id"),
+        ({"clock": "wall"}, "clock"),
     ],
 )
 def test_bad_arguments_are_refused(kwargs: dict[str, object], argument: str) -> None:

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import math
 
@@ -163,3 +164,26 @@ def test_direct_construction_is_validated() -> None:
         Supervision.root("")
     with pytest.raises(InvalidArgumentError, match="parent_id"):
         Supervision.root("a").spawn_child("")
+
+
+def _kernel_values() -> list[object]:
+    from corral.kernel import ChatMessage, RunMeta, ToolCall
+    from corral.runtime import Cancellation
+
+    sup = Supervision.root("boss")
+    return [
+        SpawnBudget(),
+        ExecutionBudget(),
+        sup,
+        RunMeta(cancellation=Cancellation(), supervision=sup),
+        ChatMessage.user("hi"),
+        ToolCall("c1", "search"),
+    ]
+
+
+@pytest.mark.parametrize("value", _kernel_values(), ids=lambda v: type(v).__name__)
+def test_kernel_contracts_are_frozen_and_slotted(value: object) -> None:
+    assert not hasattr(value, "__dict__")  # slots=True
+    first = dataclasses.fields(value)[0].name  # type: ignore[arg-type]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(value, first, getattr(value, first))

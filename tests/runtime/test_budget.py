@@ -79,6 +79,11 @@ def test_budget_must_be_an_execution_budget() -> None:
         ExecutionTracker({"max_tokens": 3})  # type: ignore[arg-type]
 
 
+def test_clock_must_be_a_clock() -> None:
+    with pytest.raises(InvalidArgumentError, match="ExecutionTracker: clock must be a Clock"):
+        ExecutionTracker(clock=12.0)  # type: ignore[arg-type]
+
+
 def test_records_from_many_threads_are_all_counted() -> None:
     tracker = ExecutionTracker()
 

@@ -10,8 +10,10 @@ from corral.kernel import (
     CancellationToken,
     DeadlineExceededError,
     InvalidArgumentError,
+    UsageError,
 )
 from corral.runtime import Cancellation, FakeClock
+from tests.support.polling import settle
 
 
 def test_implements_the_kernel_protocol() -> None:
@@ -70,6 +72,51 @@ def test_a_raising_callback_is_logged_and_the_others_still_run(
     assert "callback failed" in caplog.text
 
 
+async def test_async_callbacks_are_awaited_on_the_loop() -> None:
+    token = Cancellation()
+    seen: list[str] = []
+
+    async def on_cancel(t: CancellationToken) -> None:
+        await asyncio.sleep(0)
+        seen.append(f"async:{t.reason}")
+
+    token.add_callback(on_cancel)
+    token.add_callback(lambda t: seen.append("sync"))
+    token.cancel("stop")
+    await settle(lambda: len(seen) == 2)
+    assert seen == ["sync", "async:stop"]
+
+
+async def test_a_raising_async_callback_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    token = Cancellation()
+    seen: list[str] = []
+
+    async def boom(_: object) -> None:
+        raise RuntimeError("async callback failed")
+
+    token.add_callback(boom)
+    token.add_callback(lambda t: seen.append("after"))
+    with caplog.at_level(logging.ERROR, logger="corral.runtime.cancellation"):
+        token.cancel("x")
+        await settle(lambda: "async callback failed" in caplog.text)
+    assert seen == ["after"]
+
+
+def test_an_async_callback_without_a_loop_is_logged_not_leaked(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    token = Cancellation()
+
+    async def on_cancel(_: object) -> None:
+        raise AssertionError("cannot run without a loop")
+
+    token.add_callback(on_cancel)
+    with caplog.at_level(logging.ERROR, logger="corral.runtime.cancellation"):
+        token.cancel("x")
+    gc.collect()  # an un-awaited coroutine would warn here (warnings are errors)
+    assert "is async but no event loop is running" in caplog.text
+
+
 def test_children_follow_the_parent_never_the_reverse() -> None:
     parent = Cancellation()
     child = parent.child()
@@ -89,6 +136,14 @@ def test_child_of_a_cancelled_token_starts_cancelled() -> None:
     parent = Cancellation()
     parent.cancel("done")
     assert parent.child().reason == "done"
+
+
+def test_a_grandchild_is_cancelled_even_when_nobody_holds_its_parent() -> None:
+    root = Cancellation()
+    grandchild = root.child().child()
+    gc.collect()
+    root.cancel("everyone")
+    assert grandchild.reason == "everyone"
 
 
 def test_children_are_not_kept_alive_by_the_parent() -> None:
@@ -139,6 +194,38 @@ async def test_cancel_at_with_a_reason_and_timer_cancel() -> None:
     assert not other.is_cancelled
 
 
+async def test_a_called_off_timer_is_no_longer_the_deadline() -> None:
+    clock = FakeClock()
+    token = Cancellation(clock=clock)
+    soon = token.cancel_after(5)
+    token.cancel_after(10)
+    assert token.deadline == clock.now() + timedelta(seconds=5)
+    soon.cancel()
+    soon.cancel()  # idempotent
+    assert token.deadline == clock.now() + timedelta(seconds=10)
+    clock.advance(10)
+    assert token.reason == "deadline exceeded"
+    assert clock.pending_timers == 0
+
+
+async def test_scheduling_on_a_cancelled_token_arms_nothing() -> None:
+    clock = FakeClock()
+    token = Cancellation(clock=clock)
+    token.cancel("done")
+    token.cancel_after(5).cancel()
+    assert clock.pending_timers == 0
+    assert token.deadline is None
+
+
+def test_scheduling_on_the_system_clock_needs_a_running_loop() -> None:
+    token = Cancellation()
+    with pytest.raises(UsageError, match="from a running event loop") as info:
+        token.cancel_after(1)
+    assert info.value.code == "usage_error"
+    assert info.value.details["delay_s"] == 1
+    assert token.deadline is None
+
+
 async def test_cancel_at_in_the_past_fires_immediately() -> None:
     clock = FakeClock()
     token = Cancellation(clock=clock)
@@ -167,3 +254,8 @@ async def test_deadline_on_real_clock_wakes_a_waiter() -> None:
 async def test_bad_arguments_are_refused(call: object) -> None:
     with pytest.raises(InvalidArgumentError):
         call(Cancellation())  # type: ignore[operator]
+
+
+def test_a_clock_that_is_not_a_clock_is_refused() -> None:
+    with pytest.raises(InvalidArgumentError, match="Cancellation: clock must be a Clock"):
+        Cancellation(clock="system")  # type: ignore[arg-type]

@@ -68,3 +68,5 @@ def test_bad_arguments_are_refused() -> None:
         FakeClock(datetime(2030, 1, 1))
     with pytest.raises(InvalidArgumentError, match="seconds"):
         FakeClock().advance(-1)
+    with pytest.raises(InvalidArgumentError, match="auto_advance must be a bool"):
+        FakeClock(auto_advance="yes")  # type: ignore[arg-type]

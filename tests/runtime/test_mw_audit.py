@@ -204,6 +204,7 @@ async def test_with_raise_a_failed_call_keeps_its_error_and_notes_the_sink_failu
         ((None,), {}, "Audit: sink must be callable"),
         (("log",), {}, "Audit: sink must be callable"),
         ((print,), {"on_sink_error": "ignore"}, "on_sink_error must be 'log' or 'raise'"),
+        ((print,), {"clock": "now"}, "Audit: clock must be a Clock"),
     ],
 )
 def test_bad_arguments(args: tuple[Any, ...], kwargs: dict[str, Any], message: str) -> None:

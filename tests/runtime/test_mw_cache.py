@@ -197,6 +197,7 @@ def test_runs_at_the_chat_stage_only() -> None:
         ({"ttl_s": 0}, "ttl_s must be a finite number > 0 or None"),
         ({"ttl_s": -1}, "ttl_s must be a finite number > 0 or None"),
         ({"ttl_s": "10"}, "ttl_s must be a finite number > 0 or None"),
+        ({"clock": "now"}, "clock must be a Clock"),
     ],
 )
 def test_bad_arguments(kwargs: dict[str, Any], message: str) -> None:

@@ -136,8 +136,19 @@ async def test_idle_tenants_do_not_grow_memory_without_bound() -> None:
         ((1, 1.5), {}, "burst must be a positive integer"),
         ((1, 1), {"stages": set()}, "stages must be a non-empty set"),
         ((1, 1), {"stages": "chat"}, "stages must be a non-empty set"),
+        ((1, 1), {"clock": "now"}, "clock must be a Clock"),
     ],
 )
 def test_bad_arguments(args: tuple[Any, ...], kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidArgumentError, match=f"TenantRateLimit: {message}"):
         TenantRateLimit(*args, **kwargs)
+
+
+@pytest.mark.parametrize("tenant", ["", 5])
+def test_a_bad_tenant_is_refused_and_takes_no_token(tenant: Any) -> None:
+    limiter = TenantRateLimit(1, 1)
+    with pytest.raises(InvalidArgumentError, match=r"TenantRateLimit\.acquire: tenant must be"):
+        limiter.acquire(tenant)
+    with pytest.raises(InvalidArgumentError, match=r"TenantRateLimit\.available: tenant must be"):
+        limiter.available(tenant)
+    assert limiter._buckets == {}

@@ -322,6 +322,7 @@ def test_is_transient() -> None:
         (lambda: Retry(wait=StopAfterAttempt(1)), "Retry: wait must be a wait rule"),
         (lambda: Retry(stages=[]), "Retry: stages must be a non-empty set"),
         (lambda: Retry(stages={"nope"}), r"Retry: stages\[\] must be one of"),  # type: ignore[arg-type]
+        (lambda: Retry(clock="now"), "Retry: clock must be a Clock"),  # type: ignore[arg-type]
         (lambda: StopAfterAttempt(1) | 3, "other must be a StopStrategy"),  # type: ignore[operator]
         (lambda: WaitFixed(1) + 3, "other must be a WaitStrategy"),  # type: ignore[operator]
     ],

@@ -414,13 +414,13 @@ async def test_given_transport_is_used_and_closed_with_the_client(server: OpenAI
         await client.generate(HELLO)
 
 
-def test_is_an_llm_client_and_exposes_its_settings() -> None:
-    client = OpenAIClient("http://127.0.0.1:9/v1/", "m", prices={"m": PRICE})
-    assert isinstance(client, LLMClient)
-    assert client.base_url == "http://127.0.0.1:9/v1"
-    assert client.model == "m"
-    assert client.prices == {"m": PRICE}
-    assert "127.0.0.1:9" in repr(client)
+async def test_is_an_llm_client_and_exposes_its_settings() -> None:
+    async with OpenAIClient("http://127.0.0.1:9/v1/", "m", prices={"m": PRICE}) as client:
+        assert isinstance(client, LLMClient)
+        assert client.base_url == "http://127.0.0.1:9/v1"
+        assert client.model == "m"
+        assert client.prices == {"m": PRICE}
+        assert "127.0.0.1:9" in repr(client)
 
 
 # --- bad input ----------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -102,8 +102,8 @@ class Agent:
         *,
         agent_id: str = "agent",
         instructions: str | None = None,
-        tools: Sequence[Tool | ToolFunction] = (),
-        middleware: Sequence[Middleware] = (),
+        tools: Iterable[Tool | ToolFunction] = (),
+        middleware: Iterable[Middleware] = (),
         budget: ExecutionBudget | None = None,
         model_options: Mapping[str, Any] | None = None,
         context: AgentContext | None = None,
@@ -116,21 +116,31 @@ class Agent:
         v.non_empty_str(where, "instructions", instructions, optional=True)
         if budget is not None:
             v.instance_of(where, "budget", budget, ExecutionBudget)
-        for mw in middleware:
+        _iterable(where, "tools", tools)
+        _iterable(where, "middleware", middleware)
+        layers = tuple(middleware)
+        for mw in layers:
             if not callable(getattr(mw, "process", None)):
                 raise InvalidArgumentError(where, "middleware[]", "a Middleware", mw)
+        MiddlewarePipeline(layers)  # a bad ``stages`` attribute is refused now, not per run
+        options = {} if model_options is None else model_options
+        if not isinstance(options, Mapping):
+            raise InvalidArgumentError(where, "model_options", "a Mapping or None", options)
+        for key in options:
+            v.non_empty_str(where, "model_options key", key)
         if context is not None:
             v.instance_of(where, "context", context, AgentContext)
             if context.agent_id != agent_id:
                 raise InvalidArgumentError(
                     where, "context", f"the context of agent {agent_id!r}", context.agent_id
                 )
+        v.instance_of(where, "clock", clock, Clock)
         self.client = client
         self.agent_id = agent_id
         self.instructions = instructions
         self.budget = budget
-        self.middleware = tuple(middleware)
-        self.model_options = dict(model_options or {})
+        self.middleware = layers
+        self.model_options = dict(options)
         self.context = context
         self.clock = clock
         self.tools: dict[str, Tool] = {}
@@ -157,7 +167,9 @@ class Agent:
         sooner of it and ``meta.deadline``). Pass a ``tracker`` to share accounting across
         runs. ``history`` is prepended (after the instructions).
 
-        With a ``context``, the session's compacted history comes before ``history``, and
+        With a ``context``, the session's compacted history comes before ``history`` (a
+        compaction still running when the run is cancelled or its deadline passes is
+        abandoned, like a model call; its own model calls are not counted in the budget), and
         the run's messages (from the prompt on) are appended to the session with the
         supervision's retention, whether the run succeeds or fails (a trailing model message
         whose tool calls got no results is left out, so the history stays valid). A store
@@ -174,41 +186,52 @@ class Agent:
                 clock=self.clock,
             )
         v.instance_of(where, "meta", meta, RunMeta)
+        if tracker is not None:
+            v.instance_of(where, "tracker", tracker, ExecutionTracker)
+        _iterable(where, "history", history)
+        history = list(history)
+        for message in history:
+            v.instance_of(where, "history[]", message, ChatMessage)
         supervision = meta.supervision
         if session_id is not None and (supervision is None or supervision.session_id != session_id):
             raise InvalidArgumentError(
                 where, "session_id", "None or the session of meta.supervision", session_id
             )
-        if self.context is not None:
-            if supervision is None:
-                raise InvalidArgumentError(
-                    where, "meta.supervision", "a Supervision when the agent has a context", None
-                )
-            window = await self.context.get_prompt_window(supervision.session_id)
-            history = [*window, *history]
+        if self.context is not None and supervision is None:
+            raise InvalidArgumentError(
+                where, "meta.supervision", "a Supervision when the agent has a context", None
+            )
         budget = self.budget
         if budget is None and meta.supervision is not None:
             budget = meta.supervision.execution_budget
         budget = budget or ExecutionBudget()
-        if tracker is None:
-            tracker = ExecutionTracker(budget, clock=meta.clock)
         if budget.deadline_s is not None:
             meta = meta.with_deadline_after(budget.deadline_s)
+        if tracker is None:
+            # started after the run's deadline is set, so the deadline (checked first, by
+            # CancellationCheck) always fires before the tracker's own deadline_s
+            tracker = ExecutionTracker(budget, clock=meta.clock)
         token = meta.cancellation.child()
         if meta.deadline is not None and isinstance(token, Cancellation):
             token.cancel_at(meta.deadline)
         meta = dataclasses.replace(meta, cancellation=token)
-        run = _Run(self, meta, tracker, list(history))
         try:
-            result = await run.execute(prompt)
-        except Exception as exc:
             if self.context is not None and supervision is not None:
-                try:
-                    await self._save(self.context, supervision, meta.id, run.new_messages())
-                except Exception:
-                    logger.exception("could not save the history of a failed run")
-                    exc.add_note("the run's messages could not be saved to the history store")
-            raise
+                # Compaction may call a model (summarisation): the deadline and a cancel
+                # stop it like any other call of the run.
+                window = await _race(self.context.get_prompt_window(supervision.session_id), token)
+                history = [*window, *history]
+            run = _Run(self, meta, tracker, history)
+            try:
+                result = await run.execute(prompt)
+            except Exception as exc:
+                if self.context is not None and supervision is not None:
+                    try:
+                        await self._save(self.context, supervision, meta.id, run.new_messages())
+                    except Exception:
+                        logger.exception("could not save the history of a failed run")
+                        exc.add_note("the run's messages could not be saved to the history store")
+                raise
         finally:
             if isinstance(token, Cancellation) and not token.is_cancelled:
                 token.cancel("run finished")  # releases the deadline timer
@@ -354,21 +377,52 @@ class _Run:
         self.messages.append(ChatMessage.tool(call_id, output, name=name))
 
 
-async def _race(call: Awaitable[T], token: CancellationToken) -> T:
-    """Await ``call`` unless ``token`` is cancelled first; then abandon it and raise."""
-    token.check()
+def _iterable(where: str, name: str, value: object) -> None:
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        raise InvalidArgumentError(where, name, "a sequence", value)
+
+
+async def _race(call: Coroutine[Any, Any, T], token: CancellationToken) -> T:
+    """Await ``call`` unless ``token`` is cancelled first; then abandon it and raise.
+
+    Leaves no task behind: whichever way it ends (result, error, token, or the caller's own
+    cancellation), both helper tasks have finished before it returns or raises.
+    """
+    try:
+        token.check()
+    except BaseException:
+        call.close()  # never started
+        raise
     task = asyncio.ensure_future(call)
     waiter = asyncio.ensure_future(token.wait())
     try:
         await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
-        task.cancel()
-        waiter.cancel()
+        await _finish(task, waiter)
         raise
     if task.done():
-        waiter.cancel()
+        await _finish(waiter)
         return task.result()
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    await _finish(task)
     token.check()
     raise AssertionError("unreachable: the token was cancelled")  # pragma: no cover
+
+
+async def _finish(*tasks: asyncio.Future[Any]) -> None:
+    """Cancel ``tasks`` and wait until they have ended, whatever the caller's own state."""
+    for task in tasks:
+        task.cancel()
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        try:
+            _, pending = await asyncio.wait(pending)
+        except asyncio.CancelledError:
+            # Cancelled again while cleaning up: the tasks are already cancelled; keep waiting
+            # so none outlives the call, then let the caller's cancellation through.
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending)
+            raise
+    for task in tasks:
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: an abandoned failure is not "never retrieved"

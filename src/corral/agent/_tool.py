@@ -59,13 +59,15 @@ class Tool:
 
     The JSON Schema offered to the model is derived from the function's signature and type
     hints (pydantic); arguments from the model are validated against it before the function
-    runs. Coroutine functions are awaited; plain functions run in a worker thread so a blocking
-    tool does not stall the event loop (a cancelled run abandons, but cannot interrupt, such a
-    thread). The result is returned to the model as text: strings as they are, anything else
-    as JSON.
+    runs. Any parameter name works (``schema``, ``_private``, ...), and positional-only
+    parameters are passed by position. Coroutine functions (and objects with an async
+    ``__call__``) are awaited; plain functions run in a worker thread so a blocking tool does
+    not stall the event loop (a cancelled run abandons, but cannot interrupt, such a thread);
+    a plain function that returns an awaitable has it awaited on the loop. The result is
+    returned to the model as text: strings as they are, anything else as JSON.
     """
 
-    __slots__ = ("_adapter", "_fn", "_is_async", "description", "name", "spec")
+    __slots__ = ("_adapter", "_fn", "_is_async", "_params", "description", "name", "spec")
 
     def __init__(
         self,
@@ -80,8 +82,11 @@ class Tool:
         v.non_empty_str("Tool", "name", self.name)
         doc = inspect.getdoc(fn) or ""
         self.description = description if description is not None else doc.split("\n\n")[0]
-        self._is_async = inspect.iscoroutinefunction(fn)
-        self._adapter = _arguments_model(fn, self.name)
+        # an object whose __call__ is async counts as a coroutine function too
+        self._is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+            type(fn).__call__
+        )
+        self._adapter, self._params = _arguments_model(fn, self.name)
         schema = self._adapter.model_json_schema()
         schema.pop("title", None)
         self.spec = ToolSpec(name=self.name, description=self.description, parameters=schema)
@@ -90,8 +95,10 @@ class Tool:
         """Validate ``arguments`` and run the tool.
 
         Raises ToolArgumentsError for invalid arguments and ToolFailedError when the tool
-        raises (``asyncio.CancelledError`` passes through).
+        raises (``asyncio.CancelledError`` passes through); InvalidArgumentError when
+        ``arguments`` is not a mapping.
         """
+        v.instance_of("Tool.call", "arguments", arguments, Mapping)
         try:
             parsed = self._adapter.model_validate(dict(arguments))
         except pydantic.ValidationError as exc:
@@ -100,12 +107,21 @@ class Tool:
                 for e in exc.errors()
             )
             raise ToolArgumentsError(self.name, problems) from None
-        kwargs = {k: getattr(parsed, k) for k in type(parsed).model_fields}
+        args: list[Any] = []
+        kwargs: dict[str, Any] = {}
+        for field_name, param_name, positional in self._params:
+            value = getattr(parsed, field_name)
+            if positional:
+                args.append(value)
+            else:
+                kwargs[param_name] = value
         try:
             if self._is_async:
-                result = await self._fn(**kwargs)
+                result = await self._fn(*args, **kwargs)
             else:
-                result = await asyncio.to_thread(self._fn, **kwargs)
+                result = await asyncio.to_thread(self._fn, *args, **kwargs)
+                if inspect.isawaitable(result):
+                    result = await result
         except Exception as exc:
             raise ToolFailedError(self.name, exc) from exc
         return _as_text(result)
@@ -135,23 +151,45 @@ def tool(
     return wrap if fn is None else wrap(fn)
 
 
-def _arguments_model(fn: ToolFunction, name: str) -> type[pydantic.BaseModel]:
-    signature = inspect.signature(fn)
+def _arguments_model(
+    fn: ToolFunction, name: str
+) -> tuple[type[pydantic.BaseModel], tuple[tuple[str, str, bool], ...]]:
+    """The arguments model of ``fn`` and, per parameter, (field, parameter, positional-only).
+
+    Fields get neutral names and the parameter names as aliases, so a parameter may be named
+    like a pydantic attribute (``schema``, ``model_config``) or start with an underscore.
+    """
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(
+            "Tool", "fn", "a callable with an inspectable signature", fn
+        ) from None
     try:
         hints = get_type_hints(fn)
     except Exception:  # unresolvable forward references: fall back to Any
         hints = {}
     fields: dict[str, Any] = {}
-    for param in signature.parameters.values():
+    params: list[tuple[str, str, bool]] = []
+    for index, param in enumerate(signature.parameters.values()):
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise InvalidArgumentError(
                 "Tool", "fn", "a function without *args or **kwargs", param.name
             )
         annotation = hints.get(param.name, Any)
         default = ... if param.default is inspect.Parameter.empty else param.default
-        fields[param.name] = (annotation, default)
+        field_name = f"p{index}"
+        fields[field_name] = (annotation, pydantic.Field(default, alias=param.name))
+        params.append((field_name, param.name, param.kind is param.POSITIONAL_ONLY))
     config = pydantic.ConfigDict(extra="forbid")
-    return pydantic.create_model(f"{name}_arguments", __config__=config, **fields)
+    try:
+        model = pydantic.create_model(f"{name}_arguments", __config__=config, **fields)
+        model.model_json_schema()
+    except pydantic.PydanticUserError as exc:
+        raise InvalidArgumentError(
+            "Tool", "fn", f"parameters pydantic can describe ({exc})", fn
+        ) from None
+    return model, tuple(params)
 
 
 def _as_text(result: Any) -> str:

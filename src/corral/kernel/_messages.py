@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -36,6 +36,9 @@ class ToolCall:
         v.non_empty_str("ToolCall", "id", self.id)
         v.non_empty_str("ToolCall", "name", self.name)
         v.instance_of("ToolCall", "arguments", self.arguments, Mapping)
+        invalid: Any = self.invalid_arguments
+        if invalid is not None and not isinstance(invalid, str):
+            raise InvalidArgumentError("ToolCall", "invalid_arguments", "a string or None", invalid)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,8 @@ class ChatMessage:
             raise InvalidArgumentError(where, "content", "a string or None", content)
         calls: Any = self.tool_calls
         if not isinstance(calls, tuple):
+            if isinstance(calls, str | bytes | Mapping) or not isinstance(calls, Iterable):
+                raise InvalidArgumentError(where, "tool_calls", "a sequence of ToolCall", calls)
             object.__setattr__(self, "tool_calls", tuple(calls))
         for call in self.tool_calls:
             v.instance_of(where, "tool_calls[]", call, ToolCall)
@@ -79,6 +84,7 @@ class ChatMessage:
             raise InvalidArgumentError(
                 where, "tool_call_id", "None unless role is tool", self.tool_call_id
             )
+        v.non_empty_str(where, "name", self.name, optional=True)
 
     @classmethod
     def system(cls, content: str) -> ChatMessage:

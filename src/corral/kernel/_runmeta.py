@@ -56,6 +56,7 @@ class RunMeta:
         v.aware_datetime(where, "deadline", self.deadline, optional=True)
         v.non_empty_str(where, "trace_id", self.trace_id)
         v.non_empty_str(where, "tenant_id", self.tenant_id, optional=True)
+        v.instance_of(where, "clock", self.clock, Clock)
 
     @property
     def id(self) -> str:

@@ -37,6 +37,7 @@ class ExecutionTracker:
     def __init__(self, budget: ExecutionBudget | None = None, *, clock: Clock = SYSTEM_CLOCK):
         budget = ExecutionBudget() if budget is None else budget
         v.instance_of("ExecutionTracker", "budget", budget, ExecutionBudget)
+        v.instance_of("ExecutionTracker", "clock", clock, Clock)
         self.budget = budget
         self._clock = clock
         self._started = clock.monotonic()

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
-from corral.kernel import SYSTEM_CLOCK, CancellationError, Clock, DeadlineExceededError, TimerHandle
+from corral.kernel import (
+    SYSTEM_CLOCK,
+    CancellationError,
+    Clock,
+    DeadlineExceededError,
+    TimerHandle,
+    UsageError,
+)
 from corral.kernel import _validate as v
 from corral.kernel._protocols import CancellationToken
 
@@ -16,17 +24,44 @@ logger = logging.getLogger("corral.runtime.cancellation")
 
 Callback = Callable[[CancellationToken], object]
 
+# Tasks running async callbacks: held here so they are not collected before they finish.
+_CALLBACK_TASKS: set[asyncio.Task[None]] = set()
+
+
+class _Scheduled:
+    """The handle ``cancel_after``/``cancel_at`` return; ``cancel`` calls the timer off."""
+
+    __slots__ = ("_timer", "_token", "when")
+
+    def __init__(self, token: Cancellation, when: datetime) -> None:
+        self._token = token
+        self.when = when
+        self._timer: TimerHandle | None = None
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._token._unschedule(self)
+
+    def __repr__(self) -> str:
+        return f"<scheduled cancellation at {self.when.isoformat()}>"
+
 
 class Cancellation:
     """A cancellation token (implements :class:`corral.kernel.CancellationToken`).
 
     - ``cancel`` is idempotent: the first reason is kept, later calls do nothing.
     - Callbacks run exactly once, in the order added; one added after cancellation runs at
-      once. A callback that raises is logged and does not stop the others or ``cancel``.
+      once. A callback that raises is logged and does not stop the others or ``cancel``. A
+      callback may be a coroutine function: what it returns is awaited in a task of its own
+      on the running loop (its failure is logged too); without a running loop it cannot run,
+      and that is logged as an error.
     - A ``child()`` is cancelled with its parent (same reason); cancelling a child never
-      touches the parent.
+      touches the parent. A child keeps its parent alive, not the reverse, so a chain of
+      children whose middle links nobody holds still passes a cancellation down.
     - ``cancel_after`` / ``cancel_at`` schedule a deadline on the token's clock; when it fires,
-      ``check`` raises :class:`DeadlineExceededError`. Both need a running event loop.
+      ``check`` raises :class:`DeadlineExceededError`. With the system clock both need a
+      running event loop (``UsageError`` otherwise).
 
     Call its methods from the event loop's thread.
     """
@@ -39,16 +74,19 @@ class Cancellation:
         "_deadline",
         "_error",
         "_event",
+        "_parent",
         "_timers",
     )
 
     def __init__(self, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        v.instance_of("Cancellation", "clock", clock, Clock)
         self._clock = clock
+        self._parent: Cancellation | None = None
         self._error: CancellationError | None = None
         self._event: asyncio.Event | None = None
         self._callbacks: list[Callback] = []
         self._children: weakref.WeakSet[Cancellation] = weakref.WeakSet()
-        self._timers: list[TimerHandle] = []
+        self._timers: list[_Scheduled] = []
         self._deadline: datetime | None = None
 
     @property
@@ -62,7 +100,10 @@ class Cancellation:
 
     @property
     def deadline(self) -> datetime | None:
-        """The earliest deadline scheduled with ``cancel_at``/``cancel_after``, if any."""
+        """The earliest instant armed with ``cancel_at``/``cancel_after``, if any.
+
+        A timer called off no longer counts; once the token is cancelled the value stays.
+        """
         return self._deadline
 
     @property
@@ -78,9 +119,10 @@ class Cancellation:
         if self._error is not None:
             return
         self._error = error
-        for timer in self._timers:
-            timer.cancel()
-        self._timers.clear()
+        timers, self._timers = self._timers, []
+        for scheduled in timers:
+            if scheduled._timer is not None:
+                scheduled._timer.cancel()
         if self._event is not None:
             self._event.set()
         callbacks, self._callbacks = self._callbacks, []
@@ -91,9 +133,12 @@ class Cancellation:
 
     def _run_callback(self, fn: Callback) -> None:
         try:
-            fn(self)
+            result = fn(self)
         except Exception:
             logger.exception("cancellation callback %r raised; the others still run", fn)
+            return
+        if inspect.isawaitable(result):
+            _start_callback(fn, result)
 
     def check(self) -> None:
         """Raise the cancellation error (a fresh instance each time) if cancelled."""
@@ -126,6 +171,7 @@ class Cancellation:
         if self._error is not None:
             kid._cancel_with(self._error)
         else:
+            kid._parent = self  # the chain up stays alive while a descendant is held
             self._children.add(kid)
         return kid
 
@@ -147,6 +193,10 @@ class Cancellation:
         return self._schedule(when, delay, reason)
 
     def _schedule(self, when: datetime, delay: float, reason: str | None) -> TimerHandle:
+        scheduled = _Scheduled(self, when)
+        if self._error is not None:
+            return scheduled
+
         def fire() -> None:
             if reason is None:
                 self._cancel_with(
@@ -155,15 +205,58 @@ class Cancellation:
             else:
                 self._cancel_with(CancellationError(reason))
 
-        timer = self._clock.call_later(delay, fire)
-        if self._error is None:
-            self._timers.append(timer)
-            if self._deadline is None or when < self._deadline:
-                self._deadline = when
-        else:
-            timer.cancel()
-        return timer
+        try:
+            scheduled._timer = self._clock.call_later(delay, fire)
+        except RuntimeError as exc:  # the system clock's timers live on the running loop
+            raise UsageError(
+                f"Cancellation could not schedule a cancellation {delay:g} s ahead: {exc}; "
+                "call cancel_after/cancel_at from a running event loop",
+                delay_s=delay,
+            ) from None
+        self._timers.append(scheduled)
+        if self._deadline is None or when < self._deadline:
+            self._deadline = when
+        return scheduled
+
+    def _unschedule(self, scheduled: _Scheduled) -> None:
+        if self._error is not None or scheduled not in self._timers:
+            return
+        self._timers.remove(scheduled)
+        self._deadline = min((s.when for s in self._timers), default=None)
 
     def __repr__(self) -> str:
         state = f"cancelled, reason={self.reason!r}" if self.is_cancelled else "active"
         return f"Cancellation({state})"
+
+
+def _start_callback(fn: Callback, awaitable: Awaitable[object]) -> None:
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        close = getattr(awaitable, "close", None)
+        if callable(close):
+            close()  # never started: closing it keeps "never awaited" warnings away
+        logger.error(
+            "cancellation callback %r is async but no event loop is running; it did not run", fn
+        )
+        return
+
+    async def drive() -> None:
+        await awaitable
+
+    task = loop.create_task(drive())
+    _CALLBACK_TASKS.add(task)
+
+    def done(finished: asyncio.Task[None]) -> None:
+        _CALLBACK_TASKS.discard(finished)
+        if finished.cancelled():
+            return
+        error = finished.exception()
+        if error is not None:
+            logger.error(
+                "cancellation callback %r raised; the others still run",
+                fn,
+                exc_info=(type(error), error, error.__traceback__),
+            )
+
+    task.add_done_callback(done)

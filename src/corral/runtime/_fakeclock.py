@@ -41,6 +41,7 @@ class FakeClock:
 
     def __init__(self, start: datetime = _EPOCH, *, auto_advance: bool = False) -> None:
         v.aware_datetime("FakeClock", "start", start)
+        v.instance_of("FakeClock", "auto_advance", auto_advance, bool)
         self._start = start
         self._mono = 0.0
         self.auto_advance = auto_advance

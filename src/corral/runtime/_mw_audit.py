@@ -71,6 +71,7 @@ class Audit:
         v.callable_("Audit", "sink", sink)
         if on_sink_error not in ("log", "raise"):
             raise InvalidArgumentError("Audit", "on_sink_error", "'log' or 'raise'", on_sink_error)
+        v.instance_of("Audit", "clock", clock, Clock)
         self.sink = sink
         self.on_sink_error = on_sink_error
         self._clock = clock

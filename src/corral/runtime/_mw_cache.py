@@ -67,6 +67,7 @@ class ChatCache:
     ) -> None:
         v.positive_int("ChatCache", "max_entries", max_entries)
         v.positive_number("ChatCache", "ttl_s", ttl_s, optional=True)
+        v.instance_of("ChatCache", "clock", clock, Clock)
         self.max_entries = max_entries
         self.ttl_s = ttl_s
         self._clock = clock

@@ -40,12 +40,14 @@ class TenantRateLimit:
         self.rate_per_s = float(rate_per_s)
         self.burst = burst
         self.stages = stage_set("TenantRateLimit", "stages", stages)
+        v.instance_of("TenantRateLimit", "clock", clock, Clock)
         self.clock = clock
         # tenant -> (tokens, monotonic time they were counted)
         self._buckets: dict[str, tuple[float, float]] = {}
 
     def available(self, tenant: str | None = None) -> float:
         """The tokens ``tenant`` has now (``burst`` for a tenant never seen)."""
+        v.non_empty_str("TenantRateLimit.available", "tenant", tenant, optional=True)
         return self._refill(tenant or DEFAULT_TENANT, self.clock.monotonic())
 
     def _refill(self, tenant: str, now: float) -> float:
@@ -57,6 +59,7 @@ class TenantRateLimit:
 
     def acquire(self, tenant: str | None = None) -> None:
         """Take one token for ``tenant`` or raise ``RateLimitedError``."""
+        v.non_empty_str("TenantRateLimit.acquire", "tenant", tenant, optional=True)
         name = tenant or DEFAULT_TENANT
         now = self.clock.monotonic()
         tokens = self._refill(name, now)

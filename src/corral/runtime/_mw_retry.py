@@ -273,6 +273,7 @@ class Retry:
         v.callable_(where, "retry_if", retry_if)
         self.retry_if = retry_if
         self.stages = stage_set(where, "stages", stages)
+        v.instance_of(where, "clock", clock, Clock)
         self.clock = clock
 
     async def process(self, ctx: MiddlewareContext, call_next: CallNext) -> None:
