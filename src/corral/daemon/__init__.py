@@ -54,3 +54,12 @@ __all__ = [
     "parse_spec",
     "replay",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # PostgreSQL support needs the ``postgres`` extra (psycopg): import it only when asked.
+    if name in {"PostgresStore", "StoreUnavailableError"}:
+        from corral.daemon import _postgres
+
+        return getattr(_postgres, name)
+    raise AttributeError(f"module 'corral.daemon' has no attribute {name!r}")
