@@ -426,3 +426,17 @@ async def test_subscribers_catch_up_then_follow_live_without_gaps(env: Env) -> N
     await asyncio.wait_for(task, 5)
     assert seen == list(range(3, 9))
     await stream.aclose()
+
+
+async def test_a_dollar_budget_holds_an_agent_whose_turns_cost_is_unknown(env: Env) -> None:
+    from corral.daemon import TurnResult
+
+    env.harness.script("w", TurnResult(output="spent something", tokens=10, cost_usd=None))
+    agent_id = await env.spawn(name="w", prompt="go", budget={"maxCostUsd": 1.0})
+    await env.until(agent_id, "idle")
+    assert env.service.get(agent_id)["usage"]["unpricedTurns"] == 1
+    with pytest.raises(AgentBudgetExhaustedError, match="cannot be enforced") as info:
+        await env.service.prompt(agent_id, "more")
+    assert info.value.details["dimension"] == "cost_usd"
+    assert env.service.get(agent_id)["reason"] == "budget-exhausted"
+    await env.assert_replay_matches()

@@ -246,8 +246,8 @@ async def test_projections_follow_the_reducer(backend: Backend, store: Store) ->
     assert parent["children"] == [CHILD]
     assert parent["createdAt"] == written[0].ts
     assert (parent["state"], parent["turns"], parent["turnInFlight"]) == ("running", 2, None)
-    assert parent["usage"] == {"tokens": 30, "costUsd": 0.5, "turns": 1}
-    assert child["usage"] == {"tokens": 120, "costUsd": 0.25, "turns": 2}
+    assert parent["usage"] == {"tokens": 30, "costUsd": 0.5, "turns": 1, "unpricedTurns": 0}
+    assert child["usage"] == {"tokens": 120, "costUsd": 0.25, "turns": 2, "unpricedTurns": 0}
     assert (child["state"], child["lastError"], child["consecutiveFailures"]) == (
         "stopped",
         "exit status 1",

@@ -34,7 +34,7 @@ from corral.daemon._events import Event, NewEvent
 from corral.daemon._harness import Harness, TurnFailedError, TurnRequest, TurnResult
 from corral.daemon._policy import BUDGET_EXHAUSTED, after_failure
 from corral.daemon._spec import AgentSpec, parse_spec
-from corral.daemon._state import ENDED_STATES, LIVE_STATES, Record
+from corral.daemon._state import ENDED_STATES, LIVE_STATES, Record, add_usage
 from corral.daemon._store import Store
 from corral.kernel import (
     SYSTEM_CLOCK,
@@ -272,7 +272,7 @@ class AgentService:
                 "lastPrompt": None,
                 "lastOutput": None,
                 "lastError": None,
-                "usage": {"tokens": 0, "costUsd": 0.0, "turns": 0},
+                "usage": {"tokens": 0, "costUsd": 0.0, "turns": 0, "unpricedTurns": 0},
                 "workdir": str(self._workdir(agent_id)),
                 "createdAt": now,
                 "updatedAt": now,
@@ -481,14 +481,7 @@ class AgentService:
             ),
         ]
         after = {**rec, "consecutiveFailures": failures}
-        if usage:
-            after["usage"] = {
-                "tokens": rec["usage"]["tokens"] + int(usage.get("tokens", 0)),
-                "costUsd": rec["usage"]["costUsd"] + float(usage.get("costUsd") or 0.0),
-                "turns": rec["usage"]["turns"] + 1,
-            }
-        else:
-            after["usage"] = {**rec["usage"], "turns": rec["usage"]["turns"] + 1}
+        after["usage"] = _usage_after(rec["usage"], usage)
         decision = after_failure(after, spec, failures)
         if decision.action == "retry":
             exhausted = self._budget_exhausted(after)
@@ -561,6 +554,16 @@ class AgentService:
             tracker.check()
         except BudgetExhaustedError as exc:
             return exc
+        unpriced = used.get("unpricedTurns", 0)
+        if budget.max_cost_usd is not None and unpriced:
+            # Unknown spending cannot be held to a dollar limit: stop rather than guess.
+            unknown = BudgetExhaustedError("cost_usd", budget.max_cost_usd, used["costUsd"])
+            unknown.message = (
+                f"cost_usd budget of {budget.max_cost_usd:g} cannot be enforced: the cost of "
+                f"{unpriced} turn(s) is unknown (give the model's price)"
+            )
+            unknown.args = (unknown.message,)
+            return unknown
         if budget.deadline_s is not None:
             elapsed = self._age_s(rec)
             if elapsed >= budget.deadline_s:
@@ -753,6 +756,14 @@ def dataclass_replace_deadline(budget: ExecutionBudget) -> ExecutionBudget:
         max_turns=budget.max_turns,
         deadline_s=None,
     )
+
+
+def _usage_after(old: Record, usage: Mapping[str, Any] | None) -> Record:
+    """The agent's usage once a turn that spent ``usage`` is counted (as the reducer does)."""
+    rec: Record = {"usage": old}
+    add_usage(rec, dict(usage) if usage else {"tokens": 0})
+    result: Record = rec["usage"]
+    return result
 
 
 def _with_notices(prompt: str, notices: list[Record]) -> str:

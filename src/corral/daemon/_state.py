@@ -144,14 +144,18 @@ def _turn_started(tx: Tx, event: Event) -> None:
         notice["deliveredAt"] = event.ts
 
 
-def _add_usage(rec: Record, usage: dict[str, Any] | None) -> None:
+def add_usage(rec: Record, usage: dict[str, Any] | None) -> None:
+    """Count one turn's ``usage`` (``tokens``, ``costUsd`` or None if unknown) into ``rec``."""
     if not usage:
         return
     old = rec["usage"]
+    cost = usage.get("costUsd", 0.0)
     rec["usage"] = {
         "tokens": old["tokens"] + int(usage.get("tokens", 0)),
-        "costUsd": old["costUsd"] + float(usage.get("costUsd") or 0.0),
+        "costUsd": old["costUsd"] + float(cost or 0.0),
         "turns": old["turns"] + 1,
+        # Turns whose cost nobody could price: a dollar budget cannot vouch for them.
+        "unpricedTurns": old.get("unpricedTurns", 0) + (1 if cost is None else 0),
     }
 
 
@@ -161,7 +165,7 @@ def _turn_completed(tx: Tx, event: Event) -> None:
     rec["consecutiveFailures"] = 0
     rec["lastOutput"] = event.data.get("output")
     rec["lastError"] = None
-    _add_usage(rec, event.data.get("usage") or {"tokens": 0})
+    add_usage(rec, event.data.get("usage") or {"tokens": 0})
     rec["updatedAt"] = event.ts
 
 
@@ -170,7 +174,7 @@ def _turn_failed(tx: Tx, event: Event) -> None:
     rec["turnInFlight"] = None
     rec["consecutiveFailures"] = event.data["consecutiveFailures"]
     rec["lastError"] = event.data["error"]
-    _add_usage(rec, event.data.get("usage") or {"tokens": 0})
+    add_usage(rec, event.data.get("usage") or {"tokens": 0})
     rec["updatedAt"] = event.ts
 
 
