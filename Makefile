@@ -4,14 +4,19 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test lint bench format clean
+.PHONY: run tour test lint bench format clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,bench,daemon,postgres]'
 	touch $(STAMP)
 
+# The daemon on http://127.0.0.1:4600 (SQLite under .corral/) with the example team.
 run: $(STAMP)
+	$(BIN)/python examples/team/run.py
+
+# The library tour: budgets, deadlines and guardrails around an agent loop, then exits.
+tour: $(STAMP)
 	$(BIN)/python examples/tour.py
 
 lint: $(STAMP)

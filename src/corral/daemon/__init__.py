@@ -6,6 +6,14 @@ decisions, and writes everything to a ``Store`` (SQLite or PostgreSQL) as an app
 event log with projections, committed before anything is announced.
 """
 
+from corral.daemon._client import (
+    AgentApi,
+    DaemonUnreachableError,
+    HttpApi,
+    LocalApi,
+    RemoteError,
+    follow_events,
+)
 from corral.daemon._errors import (
     AgentBudgetExhaustedError,
     AgentBusyError,
@@ -21,6 +29,11 @@ from corral.daemon._errors import (
 )
 from corral.daemon._events import Event, NewEvent
 from corral.daemon._harness import Harness, TurnFailedError, TurnRequest, TurnResult
+from corral.daemon._harness_command import CommandHarness
+from corral.daemon._harness_openai import OpenAIHarness
+from corral.daemon._harness_python import PythonHarness, TurnContext
+from corral.daemon._http import create_app
+from corral.daemon._server import ServeConfig, open_store, serve
 from corral.daemon._service import AgentService, CommandResult
 from corral.daemon._spec import AgentSpec, parse_spec
 from corral.daemon._sqlite import SQLiteStore
@@ -28,31 +41,49 @@ from corral.daemon._state import State, replay
 from corral.daemon._store import Store
 
 __all__ = [
+    "AgentApi",
     "AgentBudgetExhaustedError",
     "AgentBusyError",
     "AgentNotFoundError",
     "AgentNotLiveError",
     "AgentService",
     "AgentSpec",
+    "CommandHarness",
     "CommandResult",
     "DaemonError",
+    "DaemonUnreachableError",
     "Event",
     "Harness",
+    "HttpApi",
     "IdempotencyConflictError",
     "InvalidSpecError",
+    "LocalApi",
+    "McpApp",
     "NewEvent",
     "NothingToSendError",
+    "OpenAIHarness",
+    "PythonHarness",
+    "RemoteError",
     "SQLiteStore",
+    "ServeConfig",
     "SpawnRefusedError",
     "State",
     "Store",
+    "TurnContext",
     "TurnFailedError",
     "TurnRequest",
     "TurnResult",
     "UnauthorizedError",
+    "build_mcp_server",
+    "create_app",
+    "follow_events",
     "http_status",
+    "mcp_asgi_app",
+    "open_store",
     "parse_spec",
     "replay",
+    "run_stdio",
+    "serve",
 ]
 
 
@@ -62,4 +93,9 @@ def __getattr__(name: str) -> object:
         from corral.daemon import _postgres
 
         return getattr(_postgres, name)
+    # MCP (the mcp SDK) only when asked: it would double the start-up time of every command.
+    if name in {"McpApp", "build_mcp_server", "mcp_asgi_app", "run_stdio"}:
+        from corral.daemon import _mcp
+
+        return getattr(_mcp, name)
     raise AttributeError(f"module 'corral.daemon' has no attribute {name!r}")

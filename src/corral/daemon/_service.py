@@ -394,6 +394,8 @@ class AgentService:
     # --- turns ------------------------------------------------------------------------------
 
     def _launch(self, agent_id: str, turn: int, prompt: str) -> None:
+        if self._closed:
+            return  # shutting down: the turn stays in flight and the next start settles it
         task = asyncio.create_task(self._run_turn(agent_id, turn, prompt), name=f"turn-{agent_id}")
         self._turns[agent_id] = task
         task.add_done_callback(lambda t: self._forget(agent_id, t))

@@ -1,0 +1,225 @@
+"""The agent service: turns per second, restart time, and state-change-to-SSE latency.
+
+Goals (issue: the daemon): at least 500 no-op turns/s on SQLite with 100 agents; SSE p99
+under 50 ms; restart with 1,000 agents under 2 s. Run with
+``.venv/bin/python -m bench bench_daemon``. The PostgreSQL rows need a server at
+``CORRAL_BENCH_PG`` (default postgresql://postgres@127.0.0.1:5432/postgres); without one
+they are skipped with a note.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+
+from bench._harness import row
+from corral.daemon import AgentService, PythonHarness, ServeConfig, open_store, serve
+
+AGENTS = 100
+SECONDS = 5.0
+RESTART_AGENTS = 1_000
+SSE_AGENTS = 20
+SSE_ROUNDS = 25
+SPEC = {"name": "noop", "harness": "python", "function": "bench._noop_agent:turn"}
+PG_ADMIN = os.environ.get("CORRAL_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+StoreURL = Callable[[], AbstractAsyncContextManager[str]]
+
+
+def sqlite_url(directory: Path) -> StoreURL:
+    @asynccontextmanager
+    async def fresh() -> AsyncIterator[str]:
+        path = directory / f"{uuid.uuid4().hex[:8]}.db"
+        yield f"sqlite:///{path}"
+
+    return fresh
+
+
+@asynccontextmanager
+async def postgres_url() -> AsyncIterator[str]:
+    import psycopg
+
+    name = f"corral_bench_{uuid.uuid4().hex[:8]}"
+    async with await psycopg.AsyncConnection.connect(PG_ADMIN, autocommit=True) as admin:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        async with await psycopg.AsyncConnection.connect(PG_ADMIN, autocommit=True) as admin:
+            await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+async def turns_per_second(url: str, home: Path) -> float:
+    """100 agents, each prompted again as soon as its last turn is done, for SECONDS."""
+    store = open_store(url)
+    await store.open()
+    service = AgentService(store, home=home, harnesses={"python": PythonHarness()})
+    await service.start()
+    ids = [(await service.spawn({**SPEC, "name": f"noop-{i}"})).body["id"] for i in range(AGENTS)]
+    idle = {agent_id: asyncio.Event() for agent_id in ids}
+
+    async def watch() -> None:
+        async for event in service.subscribe():
+            if event.type == "agent.state_changed" and event.data["to"] == "idle":
+                idle[event.agent_id or ""].set()
+
+    watcher = asyncio.create_task(watch())
+    await asyncio.sleep(0)
+    end = time.perf_counter() + SECONDS
+    done = 0
+
+    async def drive(agent_id: str) -> None:
+        nonlocal done
+        while time.perf_counter() < end:
+            idle[agent_id].clear()
+            await service.prompt(agent_id, "go")
+            await idle[agent_id].wait()
+            done += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(drive(a) for a in ids))
+    elapsed = time.perf_counter() - started
+    watcher.cancel()
+    await service.close()
+    await store.close()
+    return done / elapsed
+
+
+async def restart_seconds(url: str, home: Path) -> tuple[float, int]:
+    """Open the store and start the service on a log of 1,000 agents that ran a turn each."""
+    store = open_store(url)
+    await store.open()
+    service = AgentService(store, home=home, harnesses={"python": PythonHarness()})
+    await service.start()
+    for i in range(RESTART_AGENTS):
+        await service.spawn({**SPEC, "name": f"agent-{i}", "prompt": "one turn"})
+    await wait_until(lambda: all(a["state"] == "idle" for a in service.list_agents()))
+    events = store.state.last_seq
+    await service.close()
+    await store.close()
+
+    started = time.perf_counter()
+    store = open_store(url)
+    await store.open()
+    service = AgentService(store, home=home, harnesses={"python": PythonHarness()})
+    await service.start()
+    elapsed = time.perf_counter() - started
+    if len(service.list_agents()) != RESTART_AGENTS:
+        raise RuntimeError("the restarted service lost agents")
+    await service.close()
+    await store.close()
+    return elapsed, events
+
+
+async def sse_latency(url: str, home: Path) -> list[float]:
+    """Milliseconds from each state change's commit (its ``ts``) to its SSE arrival."""
+    bound: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    config = ServeConfig(port=0, home=home, store=url)
+    server = asyncio.create_task(
+        serve(config, harnesses={"python": PythonHarness()}, ready=bound.set_result)
+    )
+    latencies: list[float] = []
+    try:
+        base = await asyncio.wait_for(bound, 30)
+        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+            ids = []
+            for i in range(SSE_AGENTS):
+                ids.append(
+                    (await client.post("/agents", json={**SPEC, "name": f"sse-{i}"})).json()["id"]
+                )
+            after = (await client.get("/events", params={"format": "json"})).json()["lastSeq"]
+
+            async def listen() -> None:
+                headers = {"Last-Event-ID": str(after)}
+                async with client.stream("GET", "/events", headers=headers) as response:
+                    async for line in response.aiter_lines():
+                        if line.startswith("data:"):
+                            event = json.loads(line[5:])
+                            if event["type"] == "agent.state_changed":
+                                ts = datetime.fromisoformat(event["ts"]).timestamp()
+                                latencies.append((time.time() - ts) * 1000)
+
+            listener = asyncio.create_task(listen())
+            for _ in range(SSE_ROUNDS):
+                await asyncio.gather(
+                    *(client.post(f"/agents/{a}/prompt", json={"text": "x"}) for a in ids)
+                )
+                while True:
+                    agents = (await client.get("/agents")).json()["agents"]
+                    if all(a["state"] == "idle" for a in agents):
+                        break
+                    await asyncio.sleep(0.005)
+            expected = 2 * SSE_ROUNDS * SSE_AGENTS  # running, then idle, per turn
+            await wait_until(lambda: len(latencies) >= expected, 30)
+            listener.cancel()
+    finally:
+        server.cancel()
+        await asyncio.gather(server, return_exceptions=True)
+    return latencies
+
+
+async def wait_until(condition: Callable[[], bool], within_s: float = 60.0) -> None:
+    deadline = time.perf_counter() + within_s
+    while not condition():
+        if time.perf_counter() > deadline:
+            raise TimeoutError("the benchmark did not settle")
+        await asyncio.sleep(0.01)
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * p))]
+
+
+async def run(label: str, fresh: StoreURL, tmp: Path) -> list[str]:
+    async with fresh() as url:
+        rate = await turns_per_second(url, tmp / f"{label}-turns")
+    async with fresh() as url:
+        restart, events = await restart_seconds(url, tmp / f"{label}-restart")
+    async with fresh() as url:
+        latencies = await sse_latency(url, tmp / f"{label}-sse")
+    return [
+        row(
+            label,
+            f"{rate:,.0f}",
+            f"{statistics.median(latencies):.1f} ms",
+            f"{percentile(latencies, 0.99):.1f} ms",
+            f"{restart:.3f} s ({events:,} events)",
+        )
+    ]
+
+
+def main() -> None:
+    print(
+        row(
+            "store",
+            f"no-op turns/s ({AGENTS} agents)",
+            "SSE p50",
+            "SSE p99",
+            f"restart, {RESTART_AGENTS:,} agents",
+        )
+    )
+    print(row("---", "---:", "---:", "---:", "---:"))
+    with tempfile.TemporaryDirectory() as tmp:
+        for line in asyncio.run(run("SQLite", sqlite_url(Path(tmp)), Path(tmp))):
+            print(line)
+        try:
+            for line in asyncio.run(run("PostgreSQL", postgres_url, Path(tmp))):
+                print(line)
+        except OSError as exc:  # no server answers: say so rather than fail the whole run
+            print(f"PostgreSQL skipped: {exc}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,420 @@
+"""The ``corral`` command: run the daemon, and talk to a running one over HTTP.
+
+Every command but ``serve`` talks to the daemon at ``--url`` (default
+http://127.0.0.1:4600, or ``CORRAL_URL``) with the bearer ``--token`` (or ``CORRAL_TOKEN``).
+A refusal prints ``error <code>: <message>`` on stderr and exits 2 for a usage error or a
+4xx answer, 1 otherwise. Needs the ``daemon`` extra (typer, rich): ``pip install
+'corral[daemon]'``.
+"""
+
+# No ``from __future__ import annotations`` here: typer reads the annotations of the
+# commands, which are defined inside ``build_app`` where typer is imported.
+
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
+
+from corral.kernel import CorralError, UsageError
+
+if TYPE_CHECKING:
+    import typer
+    from rich.console import Console
+
+    from corral.daemon._client import HttpApi
+
+DEFAULT_URL = "http://127.0.0.1:4600"
+INSTALL_HINT = (
+    "the corral command needs the daemon extra (typer, rich, fastapi, uvicorn, mcp): "
+    "pip install 'corral[daemon]'"
+)
+
+T = TypeVar("T")
+
+_STATE_STYLES = {
+    "running": "cyan",
+    "idle": "green",
+    "blocked": "yellow",
+    "failed": "red",
+    "stopped": "dim",
+}
+
+
+class _Target:
+    __slots__ = ("token", "url")
+
+    def __init__(self, url: str, token: str | None) -> None:
+        self.url = url
+        self.token = token
+
+
+def exit_code(error: CorralError) -> int:
+    """2 for a usage error or a 4xx answer, 1 for anything else."""
+    from corral.daemon._errors import http_status
+
+    status = http_status(error)
+    return 2 if isinstance(error, UsageError) or 400 <= status < 500 else 1
+
+
+def _fail(error: CorralError) -> NoReturn:
+    import typer
+
+    _stderr().print(f"error {error.code}: {error.message}", markup=False, highlight=False)
+    raise typer.Exit(exit_code(error))
+
+
+def _stdout() -> "Console":
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=False)
+
+
+def _stderr() -> "Console":
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def _refusals() -> Iterator[None]:
+    try:
+        yield
+    except CorralError as exc:
+        _fail(exc)
+
+
+def _call(target: _Target, work: Callable[["HttpApi"], Awaitable[T]]) -> T:
+    from corral.daemon._client import HttpApi
+
+    async def run() -> T:
+        async with HttpApi(target.url, token=target.token) as api:
+            return await work(api)
+
+    with _refusals():
+        return asyncio.run(run())
+    raise AssertionError("unreachable")  # pragma: no cover - _refusals exits
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(",", ":"), default=str)
+    return str(value)
+
+
+def _state(value: Any) -> str:
+    text = _cell(value)
+    style = _STATE_STYLES.get(text)
+    return f"[{style}]{text}[/{style}]" if style else text
+
+
+def _print_json(value: Any) -> None:
+    # Plain print: JSON output is for programs, with no wrapping or markup.
+    print(json.dumps(value, indent=2, default=str))
+
+
+def _load_spec(path: str) -> dict[str, Any]:
+    from corral.daemon._errors import InvalidSpecError
+
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidSpecError(
+            [{"field": "(file)", "message": f"cannot read {path}: {exc.strerror or exc}"}]
+        ) from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise InvalidSpecError(
+            [{"field": "(file)", "message": f"{path} is not JSON: {exc}"}]
+        ) from None
+    if not isinstance(data, dict):
+        raise InvalidSpecError([{"field": "(file)", "message": f"{path} must hold a JSON object"}])
+    return data
+
+
+def build_app() -> "typer.Typer":
+    """The ``corral`` typer application. Raises ImportError without typer and rich."""
+    import typer
+    from rich.table import Table
+    from rich.text import Text
+
+    app = typer.Typer(
+        name="corral",
+        help="Agents under supervision: run the daemon, spawn, prompt, stop, watch, decide.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+
+    UrlOpt = Annotated[
+        str,
+        typer.Option("--url", envvar="CORRAL_URL", help="The daemon's base URL."),
+    ]
+    TokenOpt = Annotated[
+        str | None,
+        typer.Option("--token", envvar="CORRAL_TOKEN", help="Bearer token for the daemon."),
+    ]
+    JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+    AgentArg = Annotated[str, typer.Argument(help="The agent's id, like a_1f2e3d4c.")]
+    KeyOpt = Annotated[
+        str | None,
+        typer.Option("--key", help="Idempotency key: a retry with it is not applied twice."),
+    ]
+    ByOpt = Annotated[str | None, typer.Option("--by", help="Who decides (recorded).")]
+    WhyOpt = Annotated[str | None, typer.Option("--why", help="Why (recorded).")]
+
+    @app.callback()
+    def root(ctx: typer.Context, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
+        ctx.obj = _Target(url, token or None)
+
+    def target(ctx: typer.Context) -> _Target:
+        obj = ctx.find_root().obj
+        assert isinstance(obj, _Target)
+        return obj
+
+    @app.command()
+    def serve(
+        ctx: typer.Context,
+        host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+        port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 4600,
+        store: Annotated[
+            str | None,
+            typer.Option(help="sqlite:///PATH or postgresql://... (default: SQLite in .corral/)"),
+        ] = None,
+        home: Annotated[
+            Path | None, typer.Option(help="Where agents' working directories live.")
+        ] = None,
+        token: Annotated[
+            str | None,
+            typer.Option(
+                "--token",
+                envvar="CORRAL_TOKEN",
+                help="Bearer token every request must carry (required off loopback).",
+            ),
+        ] = None,
+    ) -> None:
+        """Run the daemon until interrupted."""
+        from corral.daemon._server import ServeConfig, serve
+
+        config: dict[str, Any] = {"host": host, "port": port, "token": token or target(ctx).token}
+        if store is not None:
+            config["store"] = store
+        if home is not None:
+            config["home"] = home
+        with _refusals(), suppress(KeyboardInterrupt):
+            asyncio.run(serve(ServeConfig(**config)))
+
+    @app.command()
+    def spawn(
+        ctx: typer.Context,
+        spec: Annotated[str, typer.Argument(help="The spec file (JSON), or - for stdin.")],
+        key: KeyOpt = None,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Create an agent from a JSON spec."""
+        with _refusals():
+            data = _load_spec(spec)
+        agent = _call(target(ctx), lambda api: api.spawn(data, idempotency_key=key))
+        if as_json:
+            _print_json(agent)
+            return
+        _stdout().print(f"{agent['id']}  {agent.get('name', '')}  {_state(agent.get('state'))}")
+
+    @app.command()
+    def agents(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+        """Every agent, as a table."""
+        found = _call(target(ctx), lambda api: api.list_agents())
+        if as_json:
+            _print_json(found)
+            return
+        table = Table("id", "name", "state", "reason", "turns", "parent", title="agents")
+        for a in found:
+            table.add_row(
+                _cell(a.get("id")),
+                _cell(a.get("name")),
+                _state(a.get("state")),
+                _cell(a.get("reason")),
+                _cell(a.get("turns")),
+                _cell(a.get("parent")),
+            )
+        _stdout().print(table)
+
+    @app.command()
+    def show(ctx: typer.Context, agent_id: AgentArg, as_json: JsonOpt = False) -> None:
+        """One agent's record."""
+        agent = _call(target(ctx), lambda api: api.get(agent_id))
+        if as_json:
+            _print_json(agent)
+            return
+        table = Table("field", "value", show_header=False, title=f"agent {agent.get('id')}")
+        for name, value in agent.items():
+            if name == "spec":
+                continue
+            table.add_row(name, _state(value) if name == "state" else _cell(value))
+        table.add_row("spec", _cell(agent.get("spec")))
+        _stdout().print(table)
+
+    @app.command()
+    def prompt(
+        ctx: typer.Context,
+        agent_id: AgentArg,
+        text: Annotated[
+            str | None, typer.Argument(help="The prompt; without it the last one is re-sent.")
+        ] = None,
+        by: ByOpt = None,
+        why: WhyOpt = None,
+        key: KeyOpt = None,
+    ) -> None:
+        """Start a turn of an idle or blocked agent (resolves a blocked agent's decision)."""
+        answer = _call(
+            target(ctx),
+            lambda api: api.prompt(agent_id, text, by=by, why=why, idempotency_key=key),
+        )
+        _stdout().print(
+            f"{answer.get('id', agent_id)}: {answer.get('accepted', 'prompt')} accepted"
+        )
+
+    @app.command()
+    def stop(
+        ctx: typer.Context,
+        agent_id: AgentArg,
+        by: ByOpt = None,
+        why: WhyOpt = None,
+        key: KeyOpt = None,
+    ) -> None:
+        """End an agent (a turn in flight is cancelled)."""
+        answer = _call(
+            target(ctx), lambda api: api.stop(agent_id, by=by, why=why, idempotency_key=key)
+        )
+        _stdout().print(f"{answer.get('id', agent_id)}: stop accepted")
+
+    @app.command()
+    def events(
+        ctx: typer.Context,
+        follow: Annotated[
+            bool, typer.Option("--follow", "-f", help="Keep streaming new events.")
+        ] = False,
+        agent: Annotated[str | None, typer.Option(help="Only this agent's events.")] = None,
+        after: Annotated[
+            int | None, typer.Option(min=0, help="Only events with a greater seq.")
+        ] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="One JSON object a line.")] = False,
+    ) -> None:
+        """The event log; with --follow, then live events (resumes across reconnects)."""
+        conn = target(ctx)
+        console = _stdout()
+
+        def emit(event: Any) -> None:
+            if as_json:
+                print(json.dumps(event.to_dict(), default=str), flush=True)
+                return
+            line = Text.assemble(
+                f"{event.seq:>6}  ",
+                (event.ts, "dim"),
+                "  ",
+                (event.type, "bold"),
+                f"  {event.agent_id or '-'}  ",
+                json.dumps(event.data, separators=(",", ":"), default=str),
+            )
+            # One line an event; --json has every field in full.
+            console.print(line, no_wrap=True, overflow="ellipsis", crop=True)
+
+        if follow:
+            from corral.daemon._client import follow_events
+
+            async def stream() -> None:
+                async for event in follow_events(
+                    conn.url, after, agent, token=conn.token, max_reconnects=None
+                ):
+                    emit(event)
+
+            with _refusals(), suppress(KeyboardInterrupt):
+                asyncio.run(stream())
+            return
+
+        async def page_all(api: "HttpApi") -> None:
+            cursor = after or 0
+            while True:
+                page = await api.events(cursor, agent)
+                for event in page:
+                    emit(event)
+                    cursor = event.seq
+                if len(page) < 1000:
+                    return
+
+        _call(conn, page_all)
+
+    @app.command()
+    def inbox(ctx: typer.Context, agent_id: AgentArg, as_json: JsonOpt = False) -> None:
+        """The notices sent to an agent by its children."""
+        notices = _call(target(ctx), lambda api: api.inbox(agent_id))
+        if as_json:
+            _print_json(notices)
+            return
+        table = Table("id", "from", "kind", "state", "detail", title=f"inbox of {agent_id}")
+        for n in notices:
+            detail = n.get("reason") or n.get("error") or n.get("output") or ""
+            who = f"{n.get('fromName', '')} ({n.get('from', '')})".strip()
+            table.add_row(
+                _cell(n.get("id")), who, _cell(n.get("kind")), _cell(n.get("state")), _cell(detail)
+            )
+        _stdout().print(table)
+
+    @app.command()
+    def decisions(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+        """Everything waiting on a person, oldest first."""
+        waiting = _call(target(ctx), lambda api: api.decisions())
+        if as_json:
+            _print_json(waiting)
+            return
+        table = Table("agent", "name", "kind", "reason", "error", "since", title="decisions")
+        for d in waiting:
+            table.add_row(
+                _cell(d.get("agentId")),
+                _cell(d.get("name")),
+                _cell(d.get("kind")),
+                _cell(d.get("reason")),
+                _cell(d.get("error")),
+                _cell(d.get("since")),
+            )
+        _stdout().print(table)
+        if waiting:
+            _stderr().print(
+                "resolve with: corral prompt ID [TEXT] --by NAME --why REASON, or corral stop ID"
+            )
+
+    @app.command()
+    def mcp(ctx: typer.Context) -> None:
+        """Serve the MCP tools on stdin/stdout, talking to the daemon at --url."""
+        from corral.daemon._client import HttpApi
+        from corral.daemon._mcp import run_stdio
+
+        conn = target(ctx)
+
+        async def run() -> None:
+            async with HttpApi(conn.url, token=conn.token) as api:
+                await run_stdio(api)
+
+        with _refusals():
+            asyncio.run(run())
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The ``corral`` console script."""
+    try:
+        app = build_app()
+    except ImportError:
+        print(f"corral: {INSTALL_HINT}", file=sys.stderr)
+        raise SystemExit(1) from None
+    app(args=argv, prog_name="corral")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,507 @@
+"""Talking to the agent service: in process (``LocalApi``) or over HTTP (``HttpApi``).
+
+Both speak JSON dicts in camelCase, exactly as the HTTP API does, and raise the same
+``CorralError`` subclasses, so the CLI and the MCP tools work the same against either.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from typing import Any, Protocol, runtime_checkable
+from urllib.parse import quote, urlencode
+
+import httpx
+
+from corral.daemon import _errors
+from corral.daemon._errors import DaemonError
+from corral.daemon._events import Event
+from corral.daemon._service import AgentService
+from corral.kernel import SYSTEM_CLOCK, Clock, CorralError, InvalidArgumentError
+from corral.kernel import _validate as v
+
+Json = dict[str, Any]
+
+DEFAULT_URL = "http://127.0.0.1:4600"
+
+
+@runtime_checkable
+class AgentApi(Protocol):
+    """The agent service's commands and queries, as JSON dicts.
+
+    ``spawn`` answers the new agent's record; ``prompt`` and ``stop`` answer
+    ``{"id", "accepted"}``. A retried command with the same ``idempotency_key`` answers the
+    first answer and is not applied twice. Every refusal is a ``CorralError`` subclass
+    (``AgentNotFoundError``, ``InvalidSpecError``, ...).
+    """
+
+    async def spawn(self, spec: Mapping[str, Any], idempotency_key: str | None = None) -> Json: ...
+
+    async def prompt(
+        self,
+        agent_id: str,
+        text: str | None = None,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json: ...
+
+    async def stop(
+        self,
+        agent_id: str,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json: ...
+
+    async def get(self, agent_id: str) -> Json: ...
+
+    async def list_agents(self) -> list[Json]: ...
+
+    async def inbox(self, agent_id: str) -> list[Json]: ...
+
+    async def decisions(self) -> list[Json]: ...
+
+
+class LocalApi:
+    """:class:`AgentApi` over an :class:`AgentService` in this process."""
+
+    def __init__(self, service: AgentService) -> None:
+        v.instance_of("LocalApi", "service", service, AgentService)
+        self.service = service
+
+    async def spawn(self, spec: Mapping[str, Any], idempotency_key: str | None = None) -> Json:
+        _mapping("spawn", "spec", spec)
+        result = await self.service.spawn(dict(spec), idempotency_key=idempotency_key)
+        return result.body
+
+    async def prompt(
+        self,
+        agent_id: str,
+        text: str | None = None,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json:
+        v.non_empty_str("prompt", "agent_id", agent_id)
+        result = await self.service.prompt(
+            agent_id, text, by=by, why=why, idempotency_key=idempotency_key
+        )
+        return result.body
+
+    async def stop(
+        self,
+        agent_id: str,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json:
+        v.non_empty_str("stop", "agent_id", agent_id)
+        result = await self.service.stop(agent_id, by=by, why=why, idempotency_key=idempotency_key)
+        return result.body
+
+    async def get(self, agent_id: str) -> Json:
+        v.non_empty_str("get", "agent_id", agent_id)
+        return self.service.get(agent_id)
+
+    async def list_agents(self) -> list[Json]:
+        return self.service.list_agents()
+
+    async def inbox(self, agent_id: str) -> list[Json]:
+        v.non_empty_str("inbox", "agent_id", agent_id)
+        return self.service.inbox(agent_id)
+
+    async def decisions(self) -> list[Json]:
+        return self.service.decisions()
+
+    async def events(
+        self, after: int = 0, agent: str | None = None, limit: int = 1000
+    ) -> list[Event]:
+        """One page of the event log: up to ``limit`` events with ``seq > after``."""
+        _page_args(after, agent, limit)
+        return await self.service.events(after, agent_id=agent, limit=limit)
+
+
+# --- errors over the wire ---------------------------------------------------------------------
+
+
+class RemoteError(DaemonError):
+    """The daemon refused with a code this client does not know (or answered no JSON error).
+
+    ``code``, ``message``, ``retryable`` and ``details`` are the daemon's; ``status`` is the
+    HTTP status of the answer.
+    """
+
+    code = "remote_error"
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        status: int,
+        retryable: bool = False,
+        details: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message, retryable=retryable, **dict(details or {}))
+        # The code is the daemon's, per instance; the class default only names the family.
+        object.__setattr__(self, "code", code)
+        self.status = status
+
+
+class DaemonUnreachableError(DaemonError):
+    """No daemon answers at the URL (refused, unresolvable, timed out or dropped)."""
+
+    code = "daemon_unreachable"
+    status = 503
+    default_retryable = True
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(
+            f"no daemon answers at {url} ({reason}); start one with `corral serve` "
+            "or point --url / CORRAL_URL at it",
+            url=url,
+            reason=reason,
+        )
+        self.url = url
+        self.reason = reason
+
+
+def _known_errors() -> dict[str, type[CorralError]]:
+    known: dict[str, type[CorralError]] = {InvalidArgumentError.code: InvalidArgumentError}
+    pending: list[type[CorralError]] = [DaemonError]
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        if cls.__module__ == _errors.__name__:
+            known.setdefault(cls.code, cls)
+    return known
+
+
+_KNOWN = _known_errors()
+
+
+def error_from_answer(status: int, body: Any) -> CorralError:
+    """The ``CorralError`` an HTTP error answer stands for.
+
+    A body ``{"error": {code, message, retryable, details}}`` with a code of the
+    ``corral.daemon`` errors becomes that class, carrying the daemon's message and details
+    (also as attributes, as the class itself sets them); any other answer becomes a
+    :class:`RemoteError` with the HTTP ``status``.
+    """
+    err = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(err, dict) or not isinstance(err.get("code"), str):
+        shown = body if isinstance(body, str) else json.dumps(body, default=str)
+        return RemoteError(
+            f"http_{status}", f"the daemon answered HTTP {status}: {shown[-300:]}", status=status
+        )
+    code: str = err["code"]
+    message = str(err.get("message") or code)
+    retryable = bool(err.get("retryable", False))
+    given = err.get("details")
+    # ``message`` and ``retryable`` are the error's own; a detail may not shadow them.
+    details = {
+        k: v
+        for k, v in (given if isinstance(given, dict) else {}).items()
+        if k not in ("message", "retryable")
+    }
+    cls = _KNOWN.get(code)
+    if cls is None:
+        return RemoteError(code, message, status=status, retryable=retryable, details=details)
+    # The class's own constructor takes typed fields; the daemon already wrote the message.
+    error = cls.__new__(cls)
+    CorralError.__init__(error, message, retryable=retryable, **details)
+    for name, value in details.items():
+        if name.isidentifier() and not hasattr(cls, name):
+            setattr(error, name, value)
+    return error
+
+
+def _page_args(after: Any, agent: Any, limit: Any) -> None:
+    v.non_negative_int("events", "after", after)
+    v.non_empty_str("events", "agent", agent, optional=True)
+    v.positive_int("events", "limit", limit)
+
+
+def _event_of(item: Mapping[str, Any]) -> Event:
+    return Event(
+        seq=int(item["seq"]),
+        ts=str(item.get("ts", "")),
+        type=str(item["type"]),
+        agent_id=item.get("agentId"),
+        data=dict(item.get("data") or {}),
+    )
+
+
+def _mapping(where: str, name: str, value: Any) -> None:
+    if not isinstance(value, Mapping):
+        raise InvalidArgumentError(where, name, "a mapping (the agent spec as JSON)", value)
+
+
+def _base_url(url: Any, where: str) -> str:
+    v.non_empty_str(where, "url", url)
+    if not url.startswith(("http://", "https://")):
+        raise InvalidArgumentError(where, "url", "an http:// or https:// URL", url)
+    return str(url).rstrip("/")
+
+
+def _headers(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _command(fields: Mapping[str, Any]) -> Json:
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def _items(body: Any, key: str) -> list[Json]:
+    """A list answer: a bare JSON list, or an object holding it under ``key``."""
+    if isinstance(body, dict) and isinstance(body.get(key), list):
+        body = body[key]
+    if not isinstance(body, list):
+        raise RemoteError("bad_answer", f"expected a list of {key}, got {body!r:.200}", status=200)
+    return body
+
+
+class HttpApi:
+    """:class:`AgentApi` over the daemon's HTTP API at ``url``.
+
+    ``token`` is sent as a bearer token. ``transport`` replaces the network (an
+    ``httpx.ASGITransport`` runs an app in process). Refusals raise the daemon's error
+    classes (see :func:`error_from_answer`); no answer at all raises
+    :class:`DaemonUnreachableError`. Close with :meth:`aclose` or ``async with``.
+    """
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        token: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout_s: float = 30.0,
+    ) -> None:
+        self.url = _base_url(url, "HttpApi")
+        v.non_empty_str("HttpApi", "token", token, optional=True)
+        v.instance_of("HttpApi", "transport", transport, (httpx.AsyncBaseTransport, type(None)))
+        v.positive_number("HttpApi", "timeout_s", timeout_s)
+        self._client = httpx.AsyncClient(
+            base_url=self.url,
+            headers=_headers(token),
+            transport=transport,
+            timeout=timeout_s,
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def __aenter__(self) -> HttpApi:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _call(self, method: str, path: str, body: Json | None = None) -> Any:
+        try:
+            response = await self._client.request(method, path, json=body)
+        except httpx.TransportError as exc:
+            raise DaemonUnreachableError(self.url, _reason(exc)) from exc
+        try:
+            answer = response.json() if response.content else None
+        except ValueError:
+            answer = response.text
+        if response.is_error:
+            raise error_from_answer(response.status_code, answer)
+        return answer
+
+    async def spawn(self, spec: Mapping[str, Any], idempotency_key: str | None = None) -> Json:
+        _mapping("spawn", "spec", spec)
+        body = dict(spec)
+        if idempotency_key is not None:
+            body["idempotencyKey"] = idempotency_key
+        return dict(await self._call("POST", "/agents", body))
+
+    async def prompt(
+        self,
+        agent_id: str,
+        text: str | None = None,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json:
+        v.non_empty_str("prompt", "agent_id", agent_id)
+        body = _command({"text": text, "by": by, "why": why, "idempotencyKey": idempotency_key})
+        return dict(await self._call("POST", f"/agents/{_seg(agent_id)}/prompt", body))
+
+    async def stop(
+        self,
+        agent_id: str,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json:
+        v.non_empty_str("stop", "agent_id", agent_id)
+        body = _command({"by": by, "why": why, "idempotencyKey": idempotency_key})
+        return dict(await self._call("POST", f"/agents/{_seg(agent_id)}/stop", body))
+
+    async def get(self, agent_id: str) -> Json:
+        v.non_empty_str("get", "agent_id", agent_id)
+        return dict(await self._call("GET", f"/agents/{_seg(agent_id)}"))
+
+    async def list_agents(self) -> list[Json]:
+        return _items(await self._call("GET", "/agents"), "agents")
+
+    async def inbox(self, agent_id: str) -> list[Json]:
+        v.non_empty_str("inbox", "agent_id", agent_id)
+        return _items(await self._call("GET", f"/agents/{_seg(agent_id)}/inbox"), "notices")
+
+    async def decisions(self) -> list[Json]:
+        return _items(await self._call("GET", "/decisions"), "decisions")
+
+    async def events(
+        self, after: int = 0, agent: str | None = None, limit: int = 1000
+    ) -> list[Event]:
+        """One page of the event log: up to ``limit`` events with ``seq > after``."""
+        _page_args(after, agent, limit)
+        query = _command({"format": "json", "after": after, "agent": agent, "limit": limit})
+        answer = await self._call("GET", "/events?" + urlencode(query))
+        return [_event_of(item) for item in _items(answer, "events")]
+
+
+def _seg(agent_id: str) -> str:
+    # Agent ids are a_ + hex; anything else is quoted so it cannot change the route.
+    return quote(agent_id, safe="")
+
+
+def _reason(exc: httpx.TransportError) -> str:
+    if isinstance(exc, httpx.ConnectError):
+        return f"cannot connect: {exc}" if str(exc) else "connection refused"
+    if isinstance(exc, httpx.TimeoutException):
+        return "timed out"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+# --- server-sent events -----------------------------------------------------------------------
+
+
+async def follow_events(
+    url: str = DEFAULT_URL,
+    after: int | None = None,
+    agent: str | None = None,
+    *,
+    token: str | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+    reconnect_after_s: float = 0.5,
+    max_reconnects: int | None = 20,
+    read_timeout_s: float | None = 60.0,
+    clock: Clock = SYSTEM_CLOCK,
+) -> AsyncGenerator[Event, None]:
+    """The daemon's events from ``GET /events`` as :class:`Event` objects, without end.
+
+    ``after`` starts after that sequence number (None: from the start of the log);
+    ``agent`` keeps one agent's events. When the stream drops or the daemon goes away, it
+    reconnects after ``reconnect_after_s`` seconds (or the server's ``retry:`` hint) with
+    ``Last-Event-ID`` set to the last ``seq`` seen, so nothing is missed or repeated.
+    After ``max_reconnects`` reconnects in a row that the daemon does not answer (None: no
+    limit) it raises :class:`DaemonUnreachableError`; a first connection that fails raises
+    it at once. An error answer raises the daemon's error class. A stream silent for
+    ``read_timeout_s`` seconds (the daemon sends heartbeats far more often) counts as
+    dropped; None waits forever.
+    """
+    base = _base_url(url, "follow_events")
+    v.non_negative_int("follow_events", "after", after, optional=True)
+    v.non_empty_str("follow_events", "agent", agent, optional=True)
+    v.non_empty_str("follow_events", "token", token, optional=True)
+    v.non_negative_number("follow_events", "reconnect_after_s", reconnect_after_s)
+    v.non_negative_int("follow_events", "max_reconnects", max_reconnects, optional=True)
+    v.positive_number("follow_events", "read_timeout_s", read_timeout_s, optional=True)
+    params = {"agent": agent} if agent else {}
+    last = after
+    delay_s = reconnect_after_s
+    tries = 0  # reconnect attempts since the last connection the daemon answered
+    connected_once = False
+    async with httpx.AsyncClient(
+        base_url=base,
+        headers={**_headers(token), "Accept": "text/event-stream"},
+        transport=transport,
+        timeout=httpx.Timeout(30.0, read=read_timeout_s),
+    ) as client:
+        while True:
+            headers = {"Last-Event-ID": str(last)} if last is not None else {}
+            answered = False
+            reason = "the daemon ended the stream"
+            try:
+                async with client.stream(
+                    "GET", "/events", params=params, headers=headers
+                ) as response:
+                    if response.is_error:
+                        await response.aread()
+                        try:
+                            answer: Any = response.json()
+                        except ValueError:
+                            answer = response.text
+                        raise error_from_answer(response.status_code, answer)
+                    connected_once = answered = True
+                    async for item in _sse(response.aiter_lines()):
+                        if isinstance(item, int):
+                            delay_s = item / 1000
+                            continue
+                        if last is not None and item.seq <= last:
+                            continue  # a server that ignores Last-Event-ID repeats itself
+                        last = item.seq
+                        yield item
+            except httpx.TransportError as exc:
+                if not connected_once:
+                    raise DaemonUnreachableError(base, _reason(exc)) from exc
+                reason = _reason(exc)
+            if answered:
+                tries = 0
+            if max_reconnects is not None and tries >= max_reconnects:
+                raise DaemonUnreachableError(
+                    base, f"{reason}; gave up after {max_reconnects} reconnects"
+                )
+            tries += 1
+            await clock.sleep(delay_s)
+
+
+async def _sse(lines: AsyncIterator[str]) -> AsyncIterator[Event | int]:
+    """Events of a ``text/event-stream`` (and ``retry:`` hints in ms, as ints)."""
+    data: list[str] = []
+    event_type = "message"
+    event_id: str | None = None
+    async for line in lines:
+        if not line:
+            if data:
+                yield _event(event_id, event_type, "\n".join(data))
+            data, event_type, event_id = [], "message", None
+            continue
+        if line.startswith(":"):
+            continue  # a comment: the daemon's heartbeat
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "data":
+            data.append(value)
+        elif name == "event":
+            event_type = value
+        elif name == "id" and "\0" not in value:
+            event_id = value
+        elif name == "retry" and value.isdigit():
+            yield int(value)
+
+
+def _event(event_id: str | None, event_type: str, data: str) -> Event:
+    try:
+        payload = json.loads(data)
+    except ValueError as exc:
+        raise RemoteError(
+            "bad_event", f"an event's data is not JSON: {data[:200]!r}", status=200
+        ) from exc
+    if isinstance(payload, dict) and isinstance(payload.get("seq"), int) and "type" in payload:
+        return _event_of(payload)
+    if event_id is None or not event_id.isdigit():
+        raise RemoteError("bad_event", f"an event has no numeric id: {event_id!r}", status=200)
+    return Event(
+        seq=int(event_id),
+        ts="",
+        type=event_type,
+        agent_id=payload.get("agentId") if isinstance(payload, dict) else None,
+        data=payload if isinstance(payload, dict) else {"value": payload},
+    )

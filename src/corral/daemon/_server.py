@@ -1,0 +1,355 @@
+"""Running the agent service: a store opened from its URL, the HTTP API served by uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import math
+import os
+import signal
+import socket
+import threading
+from collections.abc import Awaitable, Callable, Generator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import uvicorn
+from starlette.routing import Route
+
+from corral.daemon._client import LocalApi
+from corral.daemon._errors import DaemonError
+from corral.daemon._harness import Harness
+from corral.daemon._http import create_app, is_loopback_host
+from corral.daemon._mcp import mcp_asgi_app
+from corral.daemon._service import AgentService
+from corral.daemon._sqlite import SQLiteStore
+from corral.daemon._store import Store
+from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError, UsageError
+from corral.kernel import _validate as v
+
+_STORE_FORMS = "'sqlite:///PATH', a file path, or 'postgresql://...'"
+
+
+class TokenRequiredError(DaemonError, UsageError):
+    """Listening beyond loopback without a bearer token is refused."""
+
+    code = "token_required"
+
+    def __init__(self, host: str) -> None:
+        super().__init__(
+            f"refusing to listen on {host!r} without a token: a host other than loopback "
+            "(127.0.0.0/8, ::1, localhost) needs a bearer token (--token or CORRAL_TOKEN)",
+            host=host,
+        )
+
+
+class ListenError(DaemonError):
+    """The address cannot be listened on (in use, not local, unresolvable)."""
+
+    code = "listen_failed"
+    default_retryable = True
+
+    def __init__(self, host: str, port: int, reason: str) -> None:
+        super().__init__(f"cannot listen on {host}:{port}: {reason}", host=host, port=port)
+
+
+def open_store(url: str, *, clock: Clock = SYSTEM_CLOCK) -> Store:
+    """The (not yet opened) store that ``url`` names.
+
+    ``sqlite:///relative/path``, ``sqlite:////absolute/path`` or a bare file path give a
+    :class:`SQLiteStore`; ``postgresql://...`` (or ``postgres://``) a ``PostgresStore``.
+    Anything else raises ``InvalidArgumentError``.
+    """
+    kind, target = _parse_store_url(url)
+    if kind == "sqlite":
+        return SQLiteStore(target, clock=clock)
+    from corral.daemon._postgres import PostgresStore  # psycopg only when it is asked for
+
+    store: Store = PostgresStore(target, clock=clock)
+    return store
+
+
+def _parse_store_url(url: Any) -> tuple[str, str]:
+    where, name = "open_store", "url"
+    v.non_empty_str(where, name, url)
+    if "://" not in url:
+        return "sqlite", url
+    scheme = url.split("://", 1)[0].lower()
+    if scheme in ("postgresql", "postgres"):
+        return "postgresql", url
+    if scheme == "sqlite" and url[len("sqlite://") :].startswith("/"):
+        path = url[len("sqlite:///") :]
+        if path.strip():
+            return "sqlite", path
+    raise InvalidArgumentError(where, name, _STORE_FORMS, _redacted(url))
+
+
+def _redacted(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServeConfig:
+    """How ``serve`` runs the daemon.
+
+    ``port`` 0 picks a free port. ``token`` defaults to the ``CORRAL_TOKEN`` environment
+    variable; a ``host`` that is not loopback without a token raises
+    :class:`TokenRequiredError` here, before anything starts. ``store`` is a URL for
+    :func:`open_store`; ``home`` holds the agents' directories. ``heartbeat_s`` spaces the
+    SSE heartbeat comments; ``shutdown_timeout_s`` bounds the wait for open requests when
+    stopping. Bad values raise ``InvalidArgumentError``.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 4600
+    store: str = "sqlite:///.corral/corral.db"
+    home: str | Path = ".corral"
+    token: str | None = field(default=None, repr=False)
+    heartbeat_s: float = 15.0
+    max_body_bytes: int = 1_048_576
+    shutdown_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        where = "ServeConfig"
+        v.non_empty_str(where, "host", self.host)
+        v.non_negative_int(where, "port", self.port)
+        if self.port > 65535:
+            raise InvalidArgumentError(where, "port", "an integer from 0 to 65535", self.port)
+        _parse_store_url(self.store)
+        v.instance_of(where, "home", self.home, (str, Path))
+        if not str(self.home).strip():
+            raise InvalidArgumentError(where, "home", "a non-empty path", self.home)
+        token = self.token
+        if token is None:
+            token = os.environ.get("CORRAL_TOKEN") or None
+            object.__setattr__(self, "token", token)
+        v.non_empty_str(where, "token", token, optional=True)
+        if token is not None and not (token.isascii() and token.isprintable() and " " not in token):
+            raise InvalidArgumentError(where, "token", "printable ASCII without spaces", "<hidden>")
+        v.positive_number(where, "heartbeat_s", self.heartbeat_s)
+        v.positive_int(where, "max_body_bytes", self.max_body_bytes)
+        v.positive_number(where, "shutdown_timeout_s", self.shutdown_timeout_s)
+        if token is None and not is_loopback_host(self.host):
+            raise TokenRequiredError(self.host)
+
+
+async def serve(
+    config: ServeConfig,
+    *,
+    harnesses: Mapping[str, Harness] | None = None,
+    ready: Callable[[str], Any] | None = None,
+    clock: Clock = SYSTEM_CLOCK,
+) -> None:
+    """Run the daemon until cancelled or sent SIGTERM/SIGINT.
+
+    Binds first (a busy address raises :class:`ListenError` before the store is touched),
+    opens the store, starts the service (settling turns a previous process left in flight),
+    then serves. Prints one line with the address; ``ready`` (plain or coroutine function)
+    is called with the URL that local clients and agents use (also the agents'
+    ``CORRAL_URL``; a wildcard host gives the loopback URL). On SIGTERM/SIGINT it returns
+    after a clean shutdown; on cancellation it shuts down the same way and re-raises.
+    ``harnesses`` defaults to the ``command``, ``python`` and ``openai`` harnesses.
+    """
+    where = "serve"
+    v.instance_of(where, "config", config, ServeConfig)
+    if harnesses is not None:
+        v.instance_of(where, "harnesses", harnesses, Mapping)
+    if ready is not None:
+        v.callable_(where, "ready", ready)
+    sock = _listen(config.host, config.port)
+    try:
+        listen_url, local_url = _urls(sock)
+        store = open_store(config.store, clock=clock)
+        await store.open()
+        try:
+            service = AgentService(
+                store,
+                home=config.home,
+                harnesses=_default_harnesses() if harnesses is None else harnesses,
+                url=local_url,
+                clock=clock,
+            )
+            try:
+                await service.start()
+                await _run(config, service, sock, listen_url, local_url, ready)
+            finally:
+                await service.close()
+        finally:
+            await store.close()
+    finally:
+        sock.close()
+
+
+async def _run(
+    config: ServeConfig,
+    service: AgentService,
+    sock: socket.socket,
+    listen_url: str,
+    local_url: str,
+    ready: Callable[[str], Any] | None,
+) -> None:
+    app = create_app(
+        service,
+        token=config.token,
+        max_body_bytes=config.max_body_bytes,
+        heartbeat_s=config.heartbeat_s,
+    )
+    # MCP over streamable HTTP, behind the same token and body limit as every other route.
+    # A Route at exactly /mcp, not a Mount: MCP clients do not follow a redirect to /mcp/.
+    mcp = mcp_asgi_app(LocalApi(service), host=config.host)
+    app.router.routes.append(Route("/mcp", endpoint=mcp.app))
+    try:
+        async with mcp.lifespan():
+            await _serve_app(app, config, service, sock, listen_url, local_url, ready)
+    except BaseExceptionGroup as group:
+        # The MCP session manager runs a task group, which wraps whatever leaves its body;
+        # callers of serve() get the error itself (or the cancellation), as documented.
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
+
+
+async def _serve_app(
+    app: Any,
+    config: ServeConfig,
+    service: AgentService,
+    sock: socket.socket,
+    listen_url: str,
+    local_url: str,
+    ready: Callable[[str], Any] | None,
+) -> None:
+    server = _Server(
+        uvicorn.Config(
+            app,
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=math.ceil(config.shutdown_timeout_s),
+        ),
+        on_shutdown=service.close,
+    )
+    task = asyncio.create_task(server.serve(sockets=[sock]), name="corral-http")
+    try:
+        started = asyncio.create_task(server.started_event.wait())
+        try:
+            await asyncio.wait({started, task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            started.cancel()
+        if not task.done():
+            auth = ", bearer token required" if config.token else ""
+            print(
+                f"corral: listening on {listen_url} (store {_shown_store(config)}{auth})",
+                flush=True,
+            )
+            if ready is not None:
+                outcome = ready(local_url)
+                if inspect.isawaitable(outcome):
+                    await outcome
+        await asyncio.shield(task)
+    except BaseException:
+        # Cancelled, or the server or ``ready`` failed: shut the server down cleanly first.
+        server.should_exit = True
+        await asyncio.wait({task})
+        raise
+
+
+def _shown_store(config: ServeConfig) -> str:
+    kind, target = _parse_store_url(config.store)
+    if kind == "sqlite":
+        return f"sqlite:{Path(target).resolve()}"
+    return _redacted(target)
+
+
+def _default_harnesses() -> dict[str, Harness]:
+    from corral.daemon._harness_command import CommandHarness
+    from corral.daemon._harness_openai import OpenAIHarness
+    from corral.daemon._harness_python import PythonHarness
+
+    return {"command": CommandHarness(), "python": PythonHarness(), "openai": OpenAIHarness()}
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    try:
+        infos = socket.getaddrinfo(
+            host.removeprefix("[").removesuffix("]"),
+            port,
+            type=socket.SOCK_STREAM,
+            flags=socket.AI_PASSIVE,
+        )
+    except socket.gaierror as exc:
+        raise ListenError(host, port, exc.strerror or str(exc)) from exc
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ListenError(host, port, exc.strerror or str(exc)) from exc
+    return sock
+
+
+def _urls(sock: socket.socket) -> tuple[str, str]:
+    """The URL of the bound address, and the one local clients should use."""
+    ip, port = sock.getsockname()[:2]
+    local = ip
+    if ip in ("0.0.0.0", "::"):  # a wildcard is not an address to connect to
+        local = "127.0.0.1" if ip == "0.0.0.0" else "::1"
+
+    def url(address: str) -> str:
+        return f"http://[{address}]:{port}" if ":" in address else f"http://{address}:{port}"
+
+    return url(ip), url(local)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, with hooks: an event once listening, the service closed when shutdown
+    begins (ending event streams, which would otherwise hold the graceful shutdown open), and
+    signals that stop the server without being raised again afterwards (so ``serve`` can
+    close the store and return)."""
+
+    def __init__(
+        self, config: uvicorn.Config, *, on_shutdown: Callable[[], Awaitable[None]]
+    ) -> None:
+        super().__init__(config)
+        self.started_event = asyncio.Event()
+        self._on_shutdown = on_shutdown
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            self.started_event.set()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await self._on_shutdown()
+        finally:
+            await super().shutdown(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        handled = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Not uvicorn's own (which the SSE library patches to set a process-wide flag that
+        # never resets): this server alone stops; a second SIGINT stops it at once.
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        self.should_exit = True

@@ -1,0 +1,738 @@
+"""The HTTP API through httpx's ASGI transport: endpoints, errors, bad input, auth, OpenAPI."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from starlette.types import Message
+
+from corral.daemon import AgentService, SQLiteStore, create_app
+from corral.kernel import InvalidArgumentError
+from tests.support.harness import ScriptedHarness, fail
+from tests.support.polling import settle
+
+TOKEN = "s3cret-token-0123456789"
+
+
+class Api:
+    def __init__(self, store: SQLiteStore, service: AgentService, harness: ScriptedHarness):
+        self.store = store
+        self.service = service
+        self.harness = harness
+
+    def client(self, app: FastAPI | None = None, **headers: str) -> httpx.AsyncClient:
+        transport = httpx.ASGITransport(app=app or create_app(self.service))
+        return httpx.AsyncClient(
+            transport=transport, base_url="http://127.0.0.1:4600", headers=headers
+        )
+
+    async def spawn(self, **spec: Any) -> str:
+        spec.setdefault("harness", "command")
+        spec.setdefault("command", ["worker"])
+        result = await self.service.spawn(spec)
+        return str(result.body["id"])
+
+    def state(self, agent_id: str) -> str:
+        return str(self.service.get(agent_id)["state"])
+
+    async def until(self, agent_id: str, *states: str) -> None:
+        await settle(lambda: self.state(agent_id) in states and agent_id not in self.service._turns)
+
+
+@pytest.fixture
+async def api(tmp_path: Path) -> AsyncIterator[Api]:
+    store = SQLiteStore(tmp_path / "corral.db")
+    await store.open()
+    harness = ScriptedHarness()
+    service = AgentService(store, home=tmp_path / "home", harnesses={"command": harness})
+    await service.start()
+    yield Api(store, service, harness)
+    await service.close()
+    await store.close()
+
+
+def error_of(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    error: dict[str, Any] = body["error"]
+    assert set(error) == {"code", "message", "retryable", "details"}
+    assert error["code"] == code, error
+    return error
+
+
+def fields(error: dict[str, Any]) -> set[str]:
+    return {p["field"] for p in error["details"]["problems"]}
+
+
+WORKER = {"name": "w", "harness": "command", "command": ["worker"]}
+
+
+# --- endpoints ------------------------------------------------------------------------------
+
+
+async def test_healthz(api: Api) -> None:
+    async with api.client() as client:
+        response = await client.get("/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok"}
+
+
+async def test_spawn_answers_201_with_the_agent_then_get_and_list_show_it(api: Api) -> None:
+    api.harness.script("w", "the result")
+    async with api.client() as client:
+        response = await client.post("/agents", json={**WORKER, "prompt": "go"})
+        assert response.status_code == 201
+        agent = response.json()
+        assert agent["id"].startswith("a_")
+        assert agent["state"] == "running"
+        assert agent["spec"]["command"] == ["worker"]
+        assert response.headers["location"] == f"/agents/{agent['id']}"
+        assert "idempotency-replayed" not in response.headers
+        await api.until(agent["id"], "idle")
+        shown = (await client.get(f"/agents/{agent['id']}")).json()
+        listed = (await client.get("/agents")).json()
+    assert shown["state"] == "idle"
+    assert shown["lastOutput"] == "the result"
+    assert [a["id"] for a in listed["agents"]] == [agent["id"]]
+    assert api.harness.prompts(agent["id"]) == ["go"]
+
+
+async def test_prompt_answers_202_and_runs_a_turn(api: Api) -> None:
+    agent_id = await api.spawn(name="w")
+    async with api.client() as client:
+        response = await client.post(f"/agents/{agent_id}/prompt", json={"text": "hello"})
+    assert response.status_code == 202
+    assert response.json() == {"id": agent_id, "accepted": "prompt"}
+    await api.until(agent_id, "idle")
+    assert api.harness.prompts(agent_id) == ["hello"]
+
+
+async def test_prompt_without_a_body_resends_the_last_prompt(api: Api) -> None:
+    agent_id = await api.spawn(name="w", prompt="first")
+    await api.until(agent_id, "idle")
+    async with api.client() as client:
+        response = await client.post(f"/agents/{agent_id}/prompt")
+    assert response.status_code == 202
+    await api.until(agent_id, "idle")
+    assert api.harness.prompts(agent_id) == ["first", "first"]
+
+
+async def test_stop_answers_202_with_or_without_a_body(api: Api) -> None:
+    first = await api.spawn(name="a")
+    second = await api.spawn(name="b")
+    async with api.client() as client:
+        bare = await client.post(f"/agents/{first}/stop")
+        with_body = await client.post(f"/agents/{second}/stop", json={"by": "ops", "why": "done"})
+    assert (bare.status_code, with_body.status_code) == (202, 202)
+    assert bare.json() == {"id": first, "accepted": "stop"}
+    assert api.state(first) == api.state(second) == "stopped"
+
+
+async def test_decisions_list_blocked_agents_and_resolutions_on_request(api: Api) -> None:
+    api.harness.script("w", fail("disk full"))
+    agent_id = await api.spawn(name="w", prompt="go", onFailure="ask")
+    await api.until(agent_id, "blocked")
+    async with api.client() as client:
+        pending = (await client.get("/decisions")).json()
+        assert [d["agentId"] for d in pending["decisions"]] == [agent_id]
+        assert pending["decisions"][0]["reason"] == "ask"
+        assert "resolutions" not in pending
+        response = await client.post(
+            f"/agents/{agent_id}/prompt", json={"text": "retry", "by": "ana", "why": "rotated"}
+        )
+        assert response.status_code == 202
+        await api.until(agent_id, "idle")
+        after = (await client.get("/decisions", params={"resolved": "true"})).json()
+    assert after["decisions"] == []
+    (resolution,) = after["resolutions"]
+    assert resolution["agentId"] == agent_id
+    assert (resolution["action"], resolution["by"], resolution["why"]) == (
+        "prompt",
+        "ana",
+        "rotated",
+    )
+
+
+async def test_inbox_holds_the_notices_to_an_agent(api: Api) -> None:
+    parent = await api.spawn(name="lead")
+    child = await api.spawn(name="w", prompt="go", parent=parent, notifyOn=["done"])
+    await api.until(child, "idle")
+    async with api.client() as client:
+        response = await client.get(f"/agents/{parent}/inbox")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["agentId"] == parent
+    (notice,) = body["notices"]
+    assert (notice["from"], notice["kind"], notice["state"]) == (child, "done", "pending")
+
+
+async def test_events_as_json_pages_after_a_seq_filtered_by_agent(api: Api) -> None:
+    first = await api.spawn(name="a")
+    second = await api.spawn(name="b", prompt="go")
+    await api.until(second, "idle")
+    last = api.store.state.last_seq
+    async with api.client() as client:
+        everything = (await client.get("/events", params={"format": "json"})).json()
+        after_one = (await client.get("/events", params={"format": "json", "after": 1})).json()
+        only_b = (await client.get("/events", params={"format": "json", "agent": second})).json()
+        limited = (await client.get("/events", params={"format": "json", "limit": 2})).json()
+    assert [e["seq"] for e in everything["events"]] == list(range(1, last + 1))
+    assert everything["lastSeq"] == last
+    assert everything["events"][0]["agentId"] == first
+    assert everything["events"][0]["type"] == "agent.created"
+    assert [e["seq"] for e in after_one["events"]] == list(range(2, last + 1))
+    assert {e["agentId"] for e in only_b["events"]} == {second}
+    assert [e["seq"] for e in limited["events"]] == [1, 2]
+
+
+async def test_command_replayed_by_idempotency_key_has_the_header_and_applies_once(
+    api: Api,
+) -> None:
+    async with api.client() as client:
+        body = {**WORKER, "idempotencyKey": "k-1"}
+        first = await client.post("/agents", json=body)
+        again = await client.post("/agents", json=body)
+        agent_id = first.json()["id"]
+        stop = {"idempotencyKey": "k-2"}
+        stopped = await client.post(f"/agents/{agent_id}/stop", json=stop)
+        stopped_again = await client.post(f"/agents/{agent_id}/stop", json=stop)
+    assert (first.status_code, again.status_code) == (201, 201)
+    assert again.json() == first.json()
+    assert again.headers["idempotency-replayed"] == "true"
+    assert "idempotency-replayed" not in first.headers
+    assert len(api.service.list_agents()) == 1
+    assert (stopped.status_code, stopped_again.status_code) == (202, 202)
+    assert stopped_again.headers["idempotency-replayed"] == "true"
+
+
+async def test_prompt_replay_by_key_does_not_start_a_second_turn(api: Api) -> None:
+    agent_id = await api.spawn(name="w")
+    async with api.client() as client:
+        body = {"text": "once", "idempotencyKey": "p-1"}
+        first = await client.post(f"/agents/{agent_id}/prompt", json=body)
+        await api.until(agent_id, "idle")
+        again = await client.post(f"/agents/{agent_id}/prompt", json=body)
+    assert (first.status_code, again.status_code) == (202, 202)
+    assert again.headers["idempotency-replayed"] == "true"
+    assert api.harness.prompts(agent_id) == ["once"]
+
+
+# --- refusals of the service ------------------------------------------------------------------
+
+
+async def test_idempotency_conflict_is_422_and_changes_nothing(api: Api) -> None:
+    async with api.client() as client:
+        await client.post("/agents", json={**WORKER, "idempotencyKey": "k"})
+        before = api.store.state.last_seq
+        response = await client.post("/agents", json={**WORKER, "name": "x", "idempotencyKey": "k"})
+    error = error_of(response, 422, "idempotency_conflict")
+    assert error["details"]["key"] == "k"
+    assert api.store.state.last_seq == before
+
+
+async def test_unknown_agent_is_404_everywhere(api: Api) -> None:
+    before = api.store.state.last_seq
+    async with api.client() as client:
+        answers = [
+            await client.get("/agents/a_00000000"),
+            await client.post("/agents/a_00000000/prompt", json={"text": "x"}),
+            await client.post("/agents/a_00000000/stop"),
+            await client.get("/agents/a_00000000/inbox"),
+            await client.get("/events", params={"agent": "a_00000000", "format": "json"}),
+            await client.get("/events", params={"agent": "a_00000000"}),
+        ]
+    for response in answers:
+        error = error_of(response, 404, "agent_not_found")
+        assert error["details"]["agent_id"] == "a_00000000"
+        assert "a_00000000" in error["message"]
+    assert api.store.state.last_seq == before
+
+
+async def test_prompting_a_stopped_agent_is_409_not_live(api: Api) -> None:
+    agent_id = await api.spawn(name="w")
+    await api.service.stop(agent_id)
+    before = api.store.state.last_seq
+    async with api.client() as client:
+        prompted = await client.post(f"/agents/{agent_id}/prompt", json={"text": "x"})
+        stopped = await client.post(f"/agents/{agent_id}/stop")
+    for response in (prompted, stopped):
+        error = error_of(response, 409, "agent_not_live")
+        assert error["details"]["state"] == "stopped"
+        assert "stopped" in error["message"]
+    assert api.store.state.last_seq == before
+
+
+async def test_prompting_a_busy_agent_is_409_and_retryable(api: Api) -> None:
+    api.harness.script("w", "hang")
+    agent_id = await api.spawn(name="w", prompt="go")
+    await settle(lambda: agent_id in api.harness.running)
+    before = api.store.state.last_seq
+    async with api.client() as client:
+        response = await client.post(f"/agents/{agent_id}/prompt", json={"text": "again"})
+    error = error_of(response, 409, "agent_busy")
+    assert error["retryable"] is True
+    assert api.store.state.last_seq == before
+    api.harness.release("w")
+    await api.until(agent_id, "idle")
+
+
+async def test_nothing_to_send_is_400(api: Api) -> None:
+    agent_id = await api.spawn(name="w")
+    async with api.client() as client:
+        response = await client.post(f"/agents/{agent_id}/prompt", json={})
+    error_of(response, 400, "nothing_to_send")
+    assert api.state(agent_id) == "idle"
+
+
+async def test_spawn_beyond_the_runs_headcount_is_409_retryable(api: Api) -> None:
+    root = await api.spawn(name="lead", spawnBudget={"maxAgents": 1})
+    before = api.store.state.last_seq
+    async with api.client() as client:
+        response = await client.post("/agents", json={**WORKER, "parent": root})
+    error = error_of(response, 409, "spawn_budget_exceeded")
+    assert error["retryable"] is True
+    assert error["details"]["max_agents"] == 1
+    assert api.store.state.last_seq == before
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b'{"name": "", "harness": "nope", "bogus": 1}', {"name", "harness", "bogus"}),
+        (b'{"name": "w", "harness": "command"}', {"command"}),
+        (b'{"name": "w", "harness": "command", "command": "ls"}', {"command"}),
+        (
+            b'{"name": "w", "harness": "command", "command": ["x"], "maxRetries": -1}',
+            {"maxRetries"},
+        ),
+        (
+            b'{"name": "w", "harness": "command", "command": ["x"], "idempotencyKey": 5}',
+            {"idempotencyKey"},
+        ),
+        (
+            b'{"harness": "command", "command": ["x"], "idempotencyKey": ""}',
+            {
+                "name",
+                "idempotencyKey",
+            },
+        ),
+        (b"[1, 2]", {"(body)"}),
+        (b'"a string"', {"(body)"}),
+        (b"{bad json", {"(body)"}),
+        (b'{"name": "w", "harness": "command", "command": ["x"], "turnTimeoutS": NaN}', {"(body)"}),
+        (b"\xff\xfe\x00garbage", {"(body)"}),
+        (b"[" * 100_000, {"(body)"}),
+        (b"", {"(body)"}),
+    ],
+)
+async def test_invalid_spawn_bodies_are_400_invalid_spec_listing_every_problem(
+    api: Api, content: bytes, expected: set[str]
+) -> None:
+    before = api.store.state.last_seq
+    async with api.client() as client:
+        response = await client.post(
+            "/agents", content=content, headers={"content-type": "application/json"}
+        )
+    error = error_of(response, 400, "invalid_spec")
+    assert fields(error) == expected
+    assert f"{len(expected)} problem(s)" in error["message"]
+    assert api.store.state.last_seq == before
+    assert api.service.list_agents() == []
+
+
+async def test_malformed_json_problem_says_what_is_wrong(api: Api) -> None:
+    async with api.client() as client:
+        response = await client.post(
+            "/agents", content=b'{"name": NaN}', headers={"content-type": "application/json"}
+        )
+    error = error_of(response, 400, "invalid_spec")
+    assert "malformed JSON: NaN is not valid JSON" in error["message"]
+
+
+async def test_unknown_parent_is_400_and_nothing_is_created(api: Api) -> None:
+    async with api.client() as client:
+        response = await client.post("/agents", json={**WORKER, "parent": "a_00000000"})
+    error = error_of(response, 400, "invalid_spec")
+    assert fields(error) == {"parent"}
+    assert api.service.list_agents() == []
+    assert api.store.state.last_seq == 0
+
+
+@pytest.mark.parametrize("command", ["prompt", "stop"])
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b"{bad", {"(body)"}),
+        (b"[]", {"(body)"}),
+        (b"7", {"(body)"}),
+        (b'{"by": 5, "why": ["x"]}', {"by", "why"}),
+        (b'{"nope": 1}', {"nope"}),
+        (b'{"idempotency_key": "k"}', {"idempotency_key"}),
+        (b'{"idempotencyKey": ""}', {"idempotencyKey"}),
+        (b'{"idempotencyKey": 12}', {"idempotencyKey"}),
+        (b"[" * 100_000, {"(body)"}),
+    ],
+)
+async def test_invalid_command_bodies_are_400_invalid_request(
+    api: Api, command: str, content: bytes, expected: set[str]
+) -> None:
+    agent_id = await api.spawn(name="w", prompt="first")
+    await api.until(agent_id, "idle")
+    before = api.store.state.last_seq
+    async with api.client() as client:
+        response = await client.post(
+            f"/agents/{agent_id}/{command}",
+            content=content,
+            headers={"content-type": "application/json"},
+        )
+    error = error_of(response, 400, "invalid_request")
+    assert fields(error) == expected
+    assert f"invalid {command} body" in error["message"]
+    assert api.store.state.last_seq == before
+    assert api.state(agent_id) == "idle"
+
+
+async def test_prompt_text_of_the_wrong_type_is_400(api: Api) -> None:
+    agent_id = await api.spawn(name="w")
+    async with api.client() as client:
+        response = await client.post(f"/agents/{agent_id}/prompt", json={"text": 42})
+    error = error_of(response, 400, "invalid_request")
+    assert fields(error) == {"text"}
+    assert api.harness.requests == []
+
+
+async def test_a_body_not_declared_json_is_415(api: Api) -> None:
+    async with api.client() as client:
+        response = await client.post(
+            "/agents", content=b'{"name": "w"}', headers={"content-type": "text/plain"}
+        )
+        form = await client.post("/agents", data={"name": "w"})
+    error = error_of(response, 415, "unsupported_media_type")
+    assert "text/plain" in error["message"]
+    error_of(form, 415, "unsupported_media_type")
+    assert api.store.state.last_seq == 0
+
+
+async def test_json_with_a_suffix_media_type_is_accepted(api: Api) -> None:
+    async with api.client() as client:
+        response = await client.post(
+            "/agents",
+            json=WORKER,
+            headers={"content-type": "application/merge-patch+json; charset=utf-8"},
+        )
+    assert response.status_code == 201
+
+
+async def test_a_body_over_the_limit_by_its_length_is_413(api: Api) -> None:
+    app = create_app(api.service, max_body_bytes=100)
+    async with api.client(app) as client:
+        response = await client.post("/agents", json={**WORKER, "prompt": "x" * 200})
+    error = error_of(response, 413, "body_too_large")
+    assert error["details"]["limit"] == 100
+    assert error["details"]["seen"] > 200
+    assert "the limit is 100 bytes" in error["message"]
+    assert api.store.state.last_seq == 0
+
+
+async def test_a_streamed_body_over_the_limit_is_413(api: Api) -> None:
+    agent_id = await api.spawn(name="w")
+    before = api.store.state.last_seq
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b'{"text": "'
+        for _ in range(10):
+            yield b"x" * 50
+        yield b'"}'
+
+    app = create_app(api.service, max_body_bytes=100)
+    async with api.client(app) as client:
+        response = await client.post(
+            f"/agents/{agent_id}/prompt",
+            content=chunks(),
+            headers={"content-type": "application/json"},
+        )
+    assert "content-length" not in response.request.headers
+    error = error_of(response, 413, "body_too_large")
+    assert error["details"]["limit"] == 100
+    assert "sent at least" in error["message"]
+    assert api.store.state.last_seq == before
+    assert api.harness.requests == []
+
+
+async def test_a_body_at_the_limit_is_accepted(api: Api) -> None:
+    agent_id = await api.spawn(name="w")
+    content = b'{"text": "' + b"x" * 80 + b'"}'
+    app = create_app(api.service, max_body_bytes=len(content))
+    async with api.client(app) as client:
+        response = await client.post(
+            f"/agents/{agent_id}/prompt",
+            content=content,
+            headers={"content-type": "application/json"},
+        )
+    assert response.status_code == 202
+
+
+async def test_a_content_length_that_is_not_a_number_is_400(api: Api) -> None:
+    app = create_app(api.service)
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/agents",
+        "raw_path": b"/agents",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"127.0.0.1"), (b"content-length", b"lots")],
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 4600),
+    }
+    await app(scope, receive, send)
+    assert sent[0]["status"] == 400
+    assert b"invalid_request" in sent[1]["body"]
+    assert b"Content-Length" in sent[1]["body"]
+
+
+@pytest.mark.parametrize(
+    ("params", "headers", "field"),
+    [
+        ({"after": "x"}, {}, "after"),
+        ({"after": "-1"}, {}, "after"),
+        ({"limit": "0"}, {}, "limit"),
+        ({"format": "xml"}, {}, "format"),
+        ({"agent": ""}, {}, "agent"),
+        ({}, {"last-event-id": "abc"}, "Last-Event-ID"),
+        ({}, {"last-event-id": "-3"}, "Last-Event-ID"),
+        ({"after": "99"}, {}, "after"),
+        ({}, {"last-event-id": "99"}, "Last-Event-ID"),
+    ],
+)
+async def test_bad_event_queries_are_400(
+    api: Api, params: dict[str, str], headers: dict[str, str], field: str
+) -> None:
+    await api.spawn(name="w")
+    async with api.client() as client:
+        response = await client.get("/events", params={"format": "json", **params}, headers=headers)
+    error = error_of(response, 400, "invalid_request")
+    assert fields(error) == {field}
+
+
+async def test_a_cursor_beyond_the_log_names_the_last_seq(api: Api) -> None:
+    await api.spawn(name="w")
+    async with api.client() as client:
+        response = await client.get("/events", params={"after": 99})
+    error = error_of(response, 400, "invalid_request")
+    assert "99 is beyond the last event (1)" in error["message"]
+
+
+async def test_bad_decision_query_is_400(api: Api) -> None:
+    async with api.client() as client:
+        response = await client.get("/decisions", params={"resolved": "perhaps"})
+    error = error_of(response, 400, "invalid_request")
+    assert fields(error) == {"resolved"}
+
+
+async def test_unknown_route_and_method_are_json_404_and_405(api: Api) -> None:
+    async with api.client() as client:
+        missing = await client.get("/nowhere")
+        wrong = await client.delete("/agents")
+    error = error_of(missing, 404, "not_found")
+    assert error["message"] == "no route for GET /nowhere"
+    error = error_of(wrong, 405, "method_not_allowed")
+    assert "DELETE" in error["message"]
+    assert wrong.headers["allow"] == "GET, POST"
+
+
+async def test_an_unexpected_exception_is_a_bare_500_and_is_logged(
+    api: Api, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken() -> list[dict[str, Any]]:
+        raise RuntimeError("secret internals at /srv/x")
+
+    monkeypatch.setattr(api.service, "list_agents", broken)
+    with caplog.at_level(logging.ERROR, logger="corral.daemon.http"):
+        async with api.client() as client:
+            response = await client.get("/agents")
+    error = error_of(response, 500, "internal_error")
+    assert "secret" not in response.text
+    assert "Traceback" not in response.text
+    assert error["details"] == {}
+    (record,) = [r for r in caplog.records if r.name == "corral.daemon.http"]
+    assert record.exc_info is not None
+    assert "GET /agents" in record.getMessage()
+
+
+# --- auth and origins ----------------------------------------------------------------------------
+
+
+async def test_with_a_token_every_request_but_healthz_needs_it(api: Api) -> None:
+    app = create_app(api.service, token=TOKEN)
+    async with api.client(app) as anonymous:
+        health = await anonymous.get("/healthz")
+        listing = await anonymous.get("/agents")
+        spawn = await anonymous.post("/agents", json=WORKER)
+        missing = await anonymous.get("/nowhere")
+        openapi = await anonymous.get("/openapi.json")
+    assert health.status_code == 200
+    for response in (listing, spawn, missing, openapi):
+        error = error_of(response, 401, "unauthorized")
+        assert "bearer token" in error["message"]
+        assert response.headers["www-authenticate"] == "Bearer"
+    assert api.store.state.last_seq == 0
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [f"Bearer {TOKEN}x", "Bearer", f"Basic {TOKEN}", TOKEN, f"Bearer {TOKEN[:-1]}"],
+)
+async def test_a_wrong_token_is_401(api: Api, authorization: str) -> None:
+    app = create_app(api.service, token=TOKEN)
+    async with api.client(app, authorization=authorization) as client:
+        response = await client.post("/agents", json=WORKER)
+    error_of(response, 401, "unauthorized")
+    assert api.store.state.last_seq == 0
+
+
+async def test_the_right_token_is_let_through(api: Api) -> None:
+    app = create_app(api.service, token=TOKEN)
+    async with api.client(app, authorization=f"bearer {TOKEN}") as client:
+        spawned = await client.post("/agents", json=WORKER)
+        listed = await client.get("/agents")
+    assert spawned.status_code == 201
+    assert len(listed.json()["agents"]) == 1
+
+
+async def test_without_a_token_no_authorization_is_needed(api: Api) -> None:
+    async with api.client(authorization="Bearer whatever") as client:
+        response = await client.get("/agents")
+    assert response.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("origin", "host", "token", "allowed"),
+    [
+        ("http://127.0.0.1:4600", "127.0.0.1:4600", None, True),
+        ("http://localhost:3000", "127.0.0.1:4600", None, True),
+        ("http://[::1]:4600", "[::1]:4600", None, True),
+        ("https://evil.example", "127.0.0.1:4600", None, False),
+        ("null", "127.0.0.1:4600", None, False),
+        # a DNS name rebound to 127.0.0.1: the page and the Host agree, but it is not loopback
+        ("http://rebound.example:4600", "rebound.example:4600", None, False),
+        ("http://daemon.lan:4600", "daemon.lan:4600", TOKEN, True),
+        ("http://evil.example", "daemon.lan:4600", TOKEN, False),
+    ],
+)
+async def test_browser_origins_other_than_loopback_are_refused(
+    api: Api, origin: str, host: str, token: str | None, allowed: bool
+) -> None:
+    app = create_app(api.service, token=token)
+    headers = {"origin": origin, "host": host}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    async with api.client(app, **headers) as client:
+        response = await client.post("/agents", json=WORKER)
+    if allowed:
+        assert response.status_code == 201
+    else:
+        error = error_of(response, 403, "forbidden_origin")
+        assert origin in error["message"]
+        assert api.store.state.last_seq == 0
+
+
+# --- OpenAPI and arguments -----------------------------------------------------------------------
+
+
+async def test_openapi_lists_the_paths_and_describes_the_bodies(api: Api) -> None:
+    async with api.client() as client:
+        doc = (await client.get("/openapi.json")).json()
+    assert set(doc["paths"]) == {
+        "/healthz",
+        "/agents",
+        "/agents/{agent_id}",
+        "/agents/{agent_id}/prompt",
+        "/agents/{agent_id}/stop",
+        "/agents/{agent_id}/inbox",
+        "/decisions",
+        "/events",
+    }
+    schemas = doc["components"]["schemas"]
+    spawn = doc["paths"]["/agents"]["post"]
+    ref = spawn["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    spawn_body = schemas[ref.rsplit("/", 1)[1]]
+    assert {"name", "harness", "onFailure", "maxRetries", "idempotencyKey"} <= set(
+        spawn_body["properties"]
+    )
+    assert set(spawn_body["required"]) == {"name", "harness"}
+    assert spawn_body["additionalProperties"] is False
+    budget_ref = spawn_body["properties"]["budget"]["$ref"]
+    assert budget_ref.rsplit("/", 1)[1] in schemas
+    prompt = doc["paths"]["/agents/{agent_id}/prompt"]["post"]
+    prompt_ref = prompt["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    prompt_body = schemas[prompt_ref.rsplit("/", 1)[1]]
+    assert set(prompt_body["properties"]) == {"text", "by", "why", "idempotencyKey"}
+    assert prompt_body["additionalProperties"] is False
+    assert prompt["requestBody"]["required"] is False
+    assert {"202", "400", "404", "409", "413", "422"} <= set(prompt["responses"])
+    assert "HTTPValidationError" not in schemas
+    assert "422" not in doc["paths"]["/decisions"]["get"]["responses"]
+    assert "securitySchemes" not in doc["components"]
+
+
+async def test_openapi_declares_the_bearer_scheme_with_a_token(api: Api) -> None:
+    app = create_app(api.service, token=TOKEN)
+    async with api.client(app, authorization=f"Bearer {TOKEN}") as client:
+        doc = (await client.get("/openapi.json")).json()
+    assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    assert doc["security"] == [{"bearer": []}]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "argument"),
+    [
+        ({"token": ""}, "token"),
+        ({"token": 5}, "token"),
+        ({"token": "has space"}, "token"),
+        ({"max_body_bytes": 0}, "max_body_bytes"),
+        ({"max_body_bytes": True}, "max_body_bytes"),
+        ({"max_body_bytes": 1.5}, "max_body_bytes"),
+        ({"heartbeat_s": 0}, "heartbeat_s"),
+        ({"heartbeat_s": float("nan")}, "heartbeat_s"),
+    ],
+)
+async def test_create_app_refuses_bad_arguments(
+    api: Api, kwargs: dict[str, Any], argument: str
+) -> None:
+    with pytest.raises(InvalidArgumentError) as caught:
+        create_app(api.service, **kwargs)
+    assert caught.value.argument == argument
+    assert caught.value.where == "create_app"
+
+
+async def test_create_app_needs_a_service() -> None:
+    with pytest.raises(InvalidArgumentError, match="service must be an AgentService"):
+        create_app(object())  # type: ignore[arg-type]
+
+
+async def test_a_refused_token_is_not_echoed(api: Api) -> None:
+    with pytest.raises(InvalidArgumentError) as caught:
+        create_app(api.service, token="top secret")
+    assert "top secret" not in str(caught.value)

@@ -1,0 +1,45 @@
+"""``serve`` answers MCP at /mcp, on the same port and behind the same token as the API."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import httpx2
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from corral.daemon import ServeConfig, serve
+from corral.daemon._mcp import TOOLS
+from tests.support.harness import ScriptedHarness
+
+
+async def test_serve_exposes_the_mcp_tools_at_slash_mcp(tmp_path: Path) -> None:
+    bound: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    config = ServeConfig(
+        port=0, store=f"sqlite:///{tmp_path / 'c.db'}", home=tmp_path, token="t0ken"
+    )
+    server = asyncio.create_task(
+        serve(config, harnesses={"command": ScriptedHarness()}, ready=bound.set_result)
+    )
+    try:
+        url = await asyncio.wait_for(bound, 20)
+        async with httpx.AsyncClient() as raw:
+            assert (await raw.post(url + "/mcp", json={})).status_code == 401
+        headers = {"Authorization": "Bearer t0ken"}
+        async with (
+            httpx2.AsyncClient(headers=headers) as http,
+            Client(streamable_http_client(url + "/mcp", http_client=http)) as client,
+        ):
+            names = [t.name for t in (await client.list_tools()).tools]
+            assert sorted(names) == sorted(t.name for t in TOOLS)
+            spawned = await client.call_tool(
+                "agent_spawn", {"spec": {"name": "w", "harness": "command", "command": ["x"]}}
+            )
+            assert not spawned.is_error
+            listed = await client.call_tool("agent_list", {})
+            assert not listed.is_error
+    finally:
+        server.cancel()
+        await asyncio.gather(server, return_exceptions=True)

@@ -1,0 +1,378 @@
+"""open_store, ServeConfig (the loopback/token rule) and serve's life cycle."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from corral.daemon import AgentService, ServeConfig, SQLiteStore, open_store, serve
+from corral.daemon._server import ListenError, TokenRequiredError
+from corral.kernel import InvalidArgumentError
+from corral.runtime import FakeClock
+from tests.daemon.test_sse import BOUND_S, running
+from tests.support.harness import ScriptedHarness
+from tests.support.polling import settle
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = {"name": "w", "harness": "command", "command": ["worker"]}
+
+
+@pytest.fixture(autouse=True)
+def _no_token_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CORRAL_TOKEN", raising=False)
+
+
+def refused(url: str) -> bool:
+    address = httpx.URL(url)
+    assert address.port is not None
+    try:
+        socket.create_connection((address.host, address.port), timeout=BOUND_S).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+# --- open_store --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "path"),
+    [
+        ("sqlite:///.corral/corral.db", ".corral/corral.db"),
+        ("sqlite:////var/lib/corral/c.db", "/var/lib/corral/c.db"),
+        ("SQLITE:///x.db", "x.db"),
+        ("data/corral.db", "data/corral.db"),
+        ("/abs/corral.db", "/abs/corral.db"),
+    ],
+)
+def test_open_store_gives_sqlite_for_sqlite_urls_and_bare_paths(url: str, path: str) -> None:
+    store = open_store(url)
+    assert isinstance(store, SQLiteStore)
+    assert store.path == Path(path)
+
+
+async def test_open_store_passes_the_clock(tmp_path: Path) -> None:
+    clock = FakeClock()
+    store = open_store(f"sqlite:///{tmp_path / 'c.db'}", clock=clock)
+    await store.open()
+    service = AgentService(
+        store, home=tmp_path / "home", harnesses={"command": ScriptedHarness()}, clock=clock
+    )
+    try:
+        await service.spawn(WORKER)
+        (event,) = await store.read()
+    finally:
+        await service.close()
+        await store.close()
+    assert event.ts == clock.now().isoformat()
+
+
+@pytest.mark.parametrize("scheme", ["postgresql", "postgres"])
+def test_open_store_gives_postgres_for_postgresql_urls(scheme: str) -> None:
+    postgres = pytest.importorskip("corral.daemon._postgres")
+    store = open_store(f"{scheme}://corral:pw@db.internal:5432/corral")
+    assert isinstance(store, postgres.PostgresStore)
+    assert store.dsn == f"{scheme}://corral:pw@db.internal:5432/corral"
+
+
+@pytest.mark.parametrize(
+    "url", ["mysql://u@h/db", "sqlite://host/x.db", "sqlite:///", "sqlite:///  ", "", "  ", 5, None]
+)
+def test_open_store_refuses_other_urls(url: Any) -> None:
+    with pytest.raises(InvalidArgumentError) as caught:
+        open_store(url)
+    assert caught.value.where == "open_store"
+    assert caught.value.argument == "url"
+
+
+def test_a_refused_store_url_does_not_show_its_password() -> None:
+    with pytest.raises(InvalidArgumentError) as caught:
+        open_store("mysql://admin:hunter2@db/x")
+    assert "hunter2" not in str(caught.value)
+    assert "mysql://admin:***@db/x" in str(caught.value)
+
+
+# --- ServeConfig ---------------------------------------------------------------------------------
+
+
+def test_serve_config_defaults() -> None:
+    config = ServeConfig()
+    assert (config.host, config.port) == ("127.0.0.1", 4600)
+    assert config.store == "sqlite:///.corral/corral.db"
+    assert config.home == ".corral"
+    assert config.token is None
+    assert config.heartbeat_s == 15.0
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.8.9.10", "::1", "[::1]", "localhost"])
+def test_loopback_hosts_need_no_token(host: str) -> None:
+    assert ServeConfig(host=host).host == host
+
+
+@pytest.mark.parametrize(
+    "host", ["0.0.0.0", "::", "192.168.1.10", "10.0.0.1", "example.com", "localhost.example.com"]
+)
+def test_other_hosts_without_a_token_are_refused(host: str) -> None:
+    with pytest.raises(TokenRequiredError) as caught:
+        ServeConfig(host=host)
+    error = caught.value
+    assert error.code == "token_required"
+    assert repr(host) in error.message
+    assert "CORRAL_TOKEN" in error.message
+    assert error.details == {"host": host}
+
+
+def test_other_hosts_are_allowed_with_a_token_argument_or_env(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert ServeConfig(host="0.0.0.0", token="tok-123").token == "tok-123"
+    monkeypatch.setenv("CORRAL_TOKEN", "from-env")
+    config = ServeConfig(host="0.0.0.0")
+    assert config.token == "from-env"
+    assert ServeConfig(token="explicit").token == "explicit"
+
+
+def test_an_empty_token_env_counts_as_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CORRAL_TOKEN", "")
+    with pytest.raises(TokenRequiredError):
+        ServeConfig(host="0.0.0.0")
+
+
+def test_the_token_is_not_in_the_repr() -> None:
+    assert "hidden-value" not in repr(ServeConfig(token="hidden-value"))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "argument"),
+    [
+        ({"host": ""}, "host"),
+        ({"host": 1}, "host"),
+        ({"port": -1}, "port"),
+        ({"port": 65536}, "port"),
+        ({"port": True}, "port"),
+        ({"port": "80"}, "port"),
+        ({"store": "mysql://x"}, "url"),
+        ({"store": ""}, "url"),
+        ({"home": ""}, "home"),
+        ({"home": 3}, "home"),
+        ({"token": ""}, "token"),
+        ({"token": "two words"}, "token"),
+        ({"heartbeat_s": 0}, "heartbeat_s"),
+        ({"heartbeat_s": float("inf")}, "heartbeat_s"),
+        ({"max_body_bytes": 0}, "max_body_bytes"),
+        ({"shutdown_timeout_s": -1}, "shutdown_timeout_s"),
+    ],
+)
+def test_serve_config_refuses_bad_values(kwargs: dict[str, Any], argument: str) -> None:
+    with pytest.raises(InvalidArgumentError) as caught:
+        ServeConfig(**kwargs)
+    assert caught.value.argument == argument
+
+
+# --- serve ----------------------------------------------------------------------------------------
+
+
+async def test_serve_listens_on_a_free_port_and_gives_agents_its_url(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with running(tmp_path) as daemon, daemon.client() as client:
+        assert daemon.url.startswith("http://127.0.0.1:")
+        assert (await client.get("/healthz")).json() == {"status": "ok"}
+        spawned = await client.post("/agents", json={**WORKER, "prompt": "go"})
+        assert spawned.status_code == 201
+        await _settle_requests(daemon.harness, 1)
+    (request,) = daemon.harness.requests
+    assert request.env["CORRAL_URL"] == daemon.url
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1
+    assert f"corral: listening on {daemon.url}" in out
+    assert str(tmp_path / "corral.db") in out
+
+
+async def _settle_requests(harness: ScriptedHarness, count: int) -> None:
+    await settle(lambda: len(harness.requests) >= count, within_s=BOUND_S)
+
+
+async def test_cancelling_serve_closes_the_port_and_the_store(tmp_path: Path) -> None:
+    async with running(tmp_path) as daemon, daemon.client() as client:
+        agent_id = (await client.post("/agents", json=WORKER)).json()["id"]
+        daemon.task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await daemon.task
+    assert refused(daemon.url)
+    # A clean close checkpoints the WAL and removes it.
+    assert not (tmp_path / "corral.db-wal").exists()
+    store = SQLiteStore(tmp_path / "corral.db")
+    await store.open()
+    try:
+        assert list(store.state.agents) == [agent_id]
+    finally:
+        await store.close()
+
+
+async def test_serve_settles_turns_left_in_flight_on_the_same_store(tmp_path: Path) -> None:
+    async with running(tmp_path) as daemon, daemon.client() as client:
+        daemon.harness.script("w", "hang")
+        agent_id = (await client.post("/agents", json={**WORKER, "prompt": "go"})).json()["id"]
+        await _settle_requests(daemon.harness, 1)
+    async with running(tmp_path) as daemon, daemon.client() as client:
+        agent = (await client.get(f"/agents/{agent_id}")).json()
+        events = (await client.get("/events", params={"format": "json"})).json()["events"]
+    assert agent["state"] == "failed"
+    assert agent["error"] == "daemon restarted during turn"
+    assert "agent.turn_interrupted" in [e["type"] for e in events]
+    assert daemon.harness.reaped == [agent_id]
+
+
+async def test_serve_with_a_wildcard_host_and_token_gives_a_loopback_url(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    token = "wild-token-0123456789"
+    async with running(tmp_path, host="0.0.0.0", token=token) as daemon:
+        async with httpx.AsyncClient(base_url=daemon.url) as anonymous:
+            assert (await anonymous.get("/agents")).status_code == 401
+            assert (await anonymous.get("/healthz")).status_code == 200
+        async with daemon.client() as client:
+            assert (await client.get("/agents")).status_code == 200
+    assert daemon.url.startswith("http://127.0.0.1:")
+    port = daemon.url.rsplit(":", 1)[1]
+    out = capsys.readouterr().out
+    assert f"listening on http://0.0.0.0:{port}" in out
+    assert "bearer token required" in out
+    assert token not in out
+
+
+async def test_ready_may_be_a_coroutine_function(tmp_path: Path) -> None:
+    seen: list[str] = []
+
+    async def ready(url: str) -> None:
+        seen.append(url)
+
+    config = ServeConfig(port=0, store=str(tmp_path / "c.db"), home=tmp_path / "home")
+    task = asyncio.create_task(serve(config, harnesses={}, ready=ready))
+    try:
+        await settle(lambda: bool(seen), within_s=BOUND_S)
+        async with httpx.AsyncClient(base_url=seen[0]) as client:
+            assert (await client.get("/healthz")).status_code == 200
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_failing_ready_stops_the_server_and_is_raised(tmp_path: Path) -> None:
+    urls: list[str] = []
+
+    def ready(url: str) -> None:
+        urls.append(url)
+        raise RuntimeError("ready broke")
+
+    config = ServeConfig(port=0, store=str(tmp_path / "c.db"), home=tmp_path / "home")
+    with pytest.raises(RuntimeError, match="ready broke"):
+        async with asyncio.timeout(BOUND_S):
+            await serve(config, harnesses={}, ready=ready)
+    assert refused(urls[0])
+    assert not (tmp_path / "c.db-wal").exists()
+
+
+async def test_a_busy_port_is_a_listen_error_before_the_store_is_touched(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = ServeConfig(port=port, store=str(tmp_path / "c.db"), home=tmp_path / "home")
+        with pytest.raises(ListenError) as caught:
+            await serve(config, harnesses={})
+    error = caught.value
+    assert error.code == "listen_failed"
+    assert error.retryable is True
+    assert f"127.0.0.1:{port}" in error.message
+    assert not (tmp_path / "c.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "argument"),
+    [
+        ({"config": {"port": 0}}, "config"),
+        ({"harnesses": ["command"]}, "harnesses"),
+        ({"ready": "not callable"}, "ready"),
+    ],
+)
+async def test_serve_refuses_bad_arguments(
+    tmp_path: Path, kwargs: dict[str, Any], argument: str
+) -> None:
+    arguments: dict[str, Any] = {
+        "config": ServeConfig(port=0, store=str(tmp_path / "c.db"), home=tmp_path / "home"),
+        **kwargs,
+    }
+    config = arguments.pop("config")
+    with pytest.raises(InvalidArgumentError) as caught:
+        await serve(config, **arguments)
+    assert caught.value.argument == argument
+    assert not (tmp_path / "c.db").exists()
+
+
+_SIGTERM_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, sys
+    from corral.daemon import ServeConfig, serve
+    from tests.support.harness import ScriptedHarness
+
+    config = ServeConfig(port=0, store=sys.argv[1], home=sys.argv[2])
+    asyncio.run(serve(config, harnesses={"command": ScriptedHarness()}))
+    print("serve returned", flush=True)
+    """
+)
+
+
+async def test_sigterm_shuts_down_cleanly_and_returns(tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("CORRAL_TOKEN", None)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _SIGTERM_SCRIPT,
+        str(db),
+        str(tmp_path / "home"),
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None
+        async with asyncio.timeout(BOUND_S * 2):
+            line = (await process.stdout.readline()).decode()
+        assert line.startswith("corral: listening on http://127.0.0.1:"), line
+        url = line.split()[3]
+        async with httpx.AsyncClient(base_url=url) as client:
+            assert (await client.post("/agents", json=WORKER)).status_code == 201
+        process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(BOUND_S):
+            out, err = await process.communicate()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode == 0, err.decode()
+    assert out.decode() == "serve returned\n"
+    assert refused(url)
+    assert not (tmp_path / "c.db-wal").exists()
+    store = SQLiteStore(db)
+    await store.open()
+    try:
+        assert len(store.state.agents) == 1
+    finally:
+        await store.close()

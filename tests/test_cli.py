@@ -1,0 +1,365 @@
+"""The ``corral`` command against a real daemon on loopback (typer's CliRunner, and real
+processes for ``serve`` and ``events --follow``)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import re
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from corral import cli
+from corral.daemon import (
+    AgentNotFoundError,
+    DaemonError,
+    InvalidSpecError,
+)
+from corral.daemon._client import DaemonUnreachableError, RemoteError
+from corral.kernel import InvalidArgumentError
+from tests.daemon.test_client import Daemon, free_port, running_daemon
+from tests.support.harness import fail
+from tests.support.polling import settle
+
+APP = cli.build_app()
+SPEC: dict[str, Any] = {"name": "w", "harness": "command", "command": ["true"]}
+
+
+async def corral(*args: str, env: dict[str, str | None] | None = None) -> Result:
+    """Run the command in a worker thread, so the daemon on this loop keeps answering."""
+    runner = CliRunner()
+    base: dict[str, str | None] = {"CORRAL_URL": None, "CORRAL_TOKEN": None, "COLUMNS": "200"}
+    invoke = functools.partial(runner.invoke, APP, list(args), env={**base, **(env or {})})
+    return await asyncio.to_thread(invoke)
+
+
+@pytest.fixture
+async def daemon(tmp_path: Path) -> AsyncIterator[Daemon]:
+    async with running_daemon(tmp_path) as d:
+        yield d
+
+
+def spec_file(tmp_path: Path, filename: str = "spec.json", **spec: Any) -> str:
+    path = tmp_path / filename
+    path.write_text(json.dumps({**SPEC, **spec}))
+    return str(path)
+
+
+async def spawn(daemon: Daemon, tmp_path: Path, **spec: Any) -> str:
+    result = await corral("--url", daemon.url, "spawn", spec_file(tmp_path, **spec), "--json")
+    assert result.exit_code == 0, result.output
+    return str(json.loads(result.stdout)["id"])
+
+
+def ok(result: Result) -> str:
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    return result.stdout
+
+
+def refused(result: Result, code: int) -> str:
+    assert result.exit_code == code, result.output
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    return result.stderr
+
+
+# --- reading ------------------------------------------------------------------------------
+
+
+async def test_spawn_agents_and_show(daemon: Daemon, tmp_path: Path) -> None:
+    out = ok(await corral("--url", daemon.url, "spawn", spec_file(tmp_path, prompt="go")))
+    first = out.split()[0]
+    assert re.fullmatch(r"a_[0-9a-f]{8}", first)
+    assert out.split()[1:] == ["w", "running"]
+    await settle(lambda: daemon.state(first) == "idle")
+    second = await spawn(daemon, tmp_path, name="v")
+
+    table = ok(await corral("--url", daemon.url, "agents"))
+    header = next(line for line in table.splitlines() if "id" in line and "state" in line)
+    assert [c.strip() for c in header.split("┃")[1:-1]] == [
+        "id",
+        "name",
+        "state",
+        "reason",
+        "turns",
+        "parent",
+    ]
+    rows = {
+        cells[0]: cells
+        for line in table.splitlines()
+        if "a_" in line
+        for cells in [[c.strip() for c in line.split("│")[1:-1]]]
+    }
+    assert rows[first] == [first, "w", "idle", "turn-done", "1", ""]
+    assert rows[second] == [second, "v", "idle", "spawned", "0", ""]
+
+    listed = json.loads(ok(await corral("--url", daemon.url, "agents", "--json")))
+    assert [a["id"] for a in listed] == [first, second]
+
+    shown = ok(await corral("--url", daemon.url, "show", first))
+    assert re.search(r"state\s+│\s+idle", shown)
+    assert re.search(r"lastOutput\s+│\s+ok", shown)
+    record = json.loads(ok(await corral("--url", daemon.url, "show", first, "--json")))
+    assert (record["id"], record["state"], record["turns"]) == (first, "idle", 1)
+
+
+async def test_supervision_from_the_command_line(daemon: Daemon, tmp_path: Path) -> None:
+    parent = await spawn(daemon, tmp_path, name="boss")
+    daemon.harness.script("w", fail("no access"))
+    child = await spawn(daemon, tmp_path, prompt="go", onFailure="ask", parent=parent)
+    await settle(lambda: daemon.state(child) == "blocked")
+
+    shown = await corral("--url", daemon.url, "decisions")
+    assert shown.exit_code == 0, shown.output
+    assert shown.stderr.startswith("resolve with: corral prompt ID [TEXT] --by NAME")
+    decisions = shown.stdout
+    (row,) = [line for line in decisions.splitlines() if child in line]
+    assert re.search(rf"{child}\s+│\s+w\s+│\s+agent_blocked\s+│\s+ask\s+│\s+no access", row)
+    (waiting,) = json.loads(ok(await corral("--url", daemon.url, "decisions", "--json")))
+    assert (waiting["agentId"], waiting["reason"]) == (child, "ask")
+
+    inbox = ok(await corral("--url", daemon.url, "inbox", parent))
+    assert re.search(rf"w \({child}\)\s+│\s+supervision\s+│\s+pending\s+│\s+ask", inbox)
+    (notice,) = json.loads(ok(await corral("--url", daemon.url, "inbox", parent, "--json")))
+    assert (notice["from"], notice["kind"]) == (child, "supervision")
+
+    said = ok(
+        await corral(
+            "--url", daemon.url, "prompt", child, "try again", "--by", "ana", "--why", "fixed"
+        )
+    )
+    assert said == f"{child}: prompt accepted\n"
+    await settle(lambda: daemon.state(child) == "idle")
+    assert daemon.harness.prompts(child) == ["go", "try again"]
+    (resolution,) = daemon.service.resolutions()
+    assert (resolution["by"], resolution["why"], resolution["action"]) == ("ana", "fixed", "prompt")
+    assert json.loads(ok(await corral("--url", daemon.url, "decisions", "--json"))) == []
+
+    stopped = ok(await corral("--url", daemon.url, "stop", child, "--key", "k1"))
+    assert stopped == f"{child}: stop accepted\n"
+    again = ok(await corral("--url", daemon.url, "stop", child, "--key", "k1"))
+    assert again == stopped  # the same key answers the first answer
+    assert daemon.state(child) == "stopped"
+
+    err = refused(await corral("--url", daemon.url, "prompt", child), 2)
+    assert err.startswith(f"error agent_not_live: agent '{child}' is stopped;")
+
+
+async def test_events_reads_the_log(daemon: Daemon, tmp_path: Path) -> None:
+    a = await spawn(daemon, tmp_path, prompt="go")
+    await settle(lambda: daemon.state(a) == "idle")
+    b = await spawn(daemon, tmp_path, name="v")
+    lines = ok(await corral("--url", daemon.url, "events", "--json")).splitlines()
+    events = [json.loads(line) for line in lines]
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert events[0]["type"] == "agent.created"
+    assert events[-1]["agentId"] == b
+
+    only_b = ok(await corral("--url", daemon.url, "events", "--agent", b, "--json"))
+    assert {json.loads(line)["agentId"] for line in only_b.splitlines()} == {b}
+    later = ok(await corral("--url", daemon.url, "events", "--after", "2", "--json"))
+    assert [json.loads(line)["seq"] for line in later.splitlines()] == [
+        e["seq"] for e in events[2:]
+    ]
+
+    text = ok(await corral("--url", daemon.url, "events")).splitlines()
+    assert len(text) == len(events)
+    assert re.match(rf"\s+1\s+\S+\s+agent\.created\s+{a}\s+{{", text[0])
+
+
+async def test_events_follow_streams_live_events(daemon: Daemon, tmp_path: Path) -> None:
+    first = await spawn(daemon, tmp_path)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "corral.cli",
+        "--url",
+        daemon.url,
+        "events",
+        "--follow",
+        "--json",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 20)
+        assert (json.loads(line)["seq"], json.loads(line)["agentId"]) == (1, first)
+        second = await spawn(daemon, tmp_path, name="v")
+        line = await asyncio.wait_for(proc.stdout.readline(), 20)
+        assert (json.loads(line)["seq"], json.loads(line)["agentId"]) == (2, second)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, stderr = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 0, stderr
+    assert b"Traceback" not in stderr
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+async def test_refusals_print_the_code_and_exit_2(daemon: Daemon, tmp_path: Path) -> None:
+    err = refused(await corral("--url", daemon.url, "show", "a_00000000"), 2)
+    assert err == "error agent_not_found: no agent with id 'a_00000000'\n"
+
+    bad = spec_file(tmp_path, "bad.json", harness="nope", extra=1)
+    err = refused(await corral("--url", daemon.url, "spawn", bad), 2)
+    assert err.startswith("error invalid_spec: invalid agent spec: 2 problem(s):")
+    assert "extra: unknown field" in err
+
+    err = refused(await corral("--url", daemon.url, "spawn", str(tmp_path / "none.json")), 2)
+    assert err.startswith("error invalid_spec: invalid agent spec: 1 problem(s): (file): cannot")
+    (tmp_path / "junk.json").write_text("{nope")
+    err = refused(await corral("--url", daemon.url, "spawn", str(tmp_path / "junk.json")), 2)
+    assert "junk.json is not JSON" in err
+    (tmp_path / "list.json").write_text("[]")
+    err = refused(await corral("--url", daemon.url, "spawn", str(tmp_path / "list.json")), 2)
+    assert "list.json must hold a JSON object" in err
+    assert json.loads(ok(await corral("--url", daemon.url, "agents", "--json"))) == []
+
+    usage = await corral("--url", daemon.url, "show")
+    assert usage.exit_code == 2
+    assert "Missing argument" in usage.stderr
+
+
+async def test_spawn_reads_the_spec_from_stdin(daemon: Daemon) -> None:
+    runner = CliRunner()
+    args = ["--url", daemon.url, "spawn", "-", "--json"]
+    result = await asyncio.to_thread(functools.partial(runner.invoke, APP, args, json.dumps(SPEC)))
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["name"] == "w"
+
+
+async def test_no_daemon_exits_1_with_a_clear_message() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    err = refused(await corral("--url", url, "agents"), 1)
+    assert err.startswith(f"error daemon_unreachable: no daemon answers at {url} (")
+    err = refused(await corral("--url", url, "events", "--follow"), 1)
+    assert err.startswith(f"error daemon_unreachable: no daemon answers at {url} (")
+    err = refused(await corral("--url", "localhost:4600", "agents"), 2)
+    assert err.startswith("error invalid_argument: HttpApi: url must be an http")
+
+
+async def test_url_and_token_from_the_environment(tmp_path: Path) -> None:
+    async with running_daemon(tmp_path, token="s3cret") as d:
+        env: dict[str, str | None] = {"CORRAL_URL": d.url, "CORRAL_TOKEN": "s3cret"}
+        assert json.loads(ok(await corral("agents", "--json", env=env))) == []
+        err = refused(await corral("--token", "wrong", "agents", env=env), 2)
+        assert err == "error unauthorized: a valid bearer token is required\n"
+        err = refused(await corral("--url", d.url, "agents"), 2)
+        assert err.startswith("error unauthorized:")
+
+
+# --- serve --------------------------------------------------------------------------------
+
+
+async def test_serve_passes_its_options(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from corral.daemon import _server
+
+    seen: list[Any] = []
+
+    async def fake_serve(config: Any, **kwargs: Any) -> None:
+        seen.append(config)
+
+    monkeypatch.setattr(_server, "serve", fake_serve)
+    store = f"sqlite:///{tmp_path}/x.db"
+    args = ["serve", "--host", "::1", "--port", "0", "--store", store, "--home", str(tmp_path)]
+    ok(await corral(*args, "--token", "t0k"))
+    ok(await corral("--token", "global", "serve"))
+    first, second = seen
+    assert (first.host, first.port, first.store, Path(first.home), first.token) == (
+        "::1",
+        0,
+        store,
+        tmp_path,
+        "t0k",
+    )
+    assert (second.host, second.port, second.token) == ("127.0.0.1", 4600, "global")
+
+
+async def test_serve_refuses_a_public_host_without_a_token() -> None:
+    err = refused(await corral("serve", "--host", "0.0.0.0"), 2)
+    assert err.startswith("error token_required: refusing to listen on '0.0.0.0' without a token")
+
+
+async def test_serve_runs_the_daemon_until_sigterm(tmp_path: Path) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "corral.cli",
+        "serve",
+        "--port",
+        "0",
+        "--store",
+        f"sqlite:///{tmp_path}/corral.db",
+        "--home",
+        str(tmp_path / "home"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "CORRAL_TOKEN": ""},
+    )
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode()
+        found = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
+        assert found, line
+        url = found.group(1)
+        upper = [sys.executable, "-c", "import sys; print(sys.stdin.read().upper())"]
+        spec = spec_file(tmp_path, command=upper, prompt="hello")
+        agent_id = ok(await corral("--url", url, "spawn", spec)).split()[0]
+
+        async def output() -> Any:
+            shown = ok(await corral("--url", url, "show", agent_id, "--json"))
+            return json.loads(shown)["lastOutput"]
+
+        for _ in range(200):  # bounded: the turn is a real process
+            if await output():
+                break
+            await asyncio.sleep(0.05)
+        assert (await output()).strip() == "HELLO"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 0, stderr
+
+
+# --- without the extra, and exit codes ----------------------------------------------------
+
+
+def test_main_without_typer_says_how_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "typer", None)
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["agents"])
+    assert exited.value.code == 1
+    err = capsys.readouterr().err
+    assert "pip install 'corral[daemon]'" in err
+
+
+def test_main_runs_the_app(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("serve", "spawn", "agents", "show", "prompt", "stop", "events", "mcp"):
+        assert command in out
+
+
+def test_exit_codes() -> None:
+    assert cli.exit_code(AgentNotFoundError("a_1")) == 2
+    assert cli.exit_code(InvalidSpecError([{"field": "x", "message": "y"}])) == 2
+    assert cli.exit_code(InvalidArgumentError("f", "x", "an int", "s")) == 2
+    assert cli.exit_code(RemoteError("teapot", "short", status=418)) == 2
+    assert cli.exit_code(RemoteError("internal_error", "boom", status=500)) == 1
+    assert cli.exit_code(DaemonUnreachableError("http://x", "refused")) == 1
+    assert cli.exit_code(DaemonError("plain")) == 2  # the family's status is 400
