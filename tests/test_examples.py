@@ -22,3 +22,73 @@ def test_tour_shows_budget_deadline_and_guardrail() -> None:
     assert "delete_table({'name': 'customers'}) -> refused" in out
     assert "the table was dropped: False" in out
     assert done.stderr == ""
+
+
+def test_make_run_team_shows_each_policy(tmp_path: Path) -> None:
+    """examples/team/run.py (what ``make run`` starts), read back through the CLI."""
+    import json
+    import os
+    import re
+    import signal
+    import time
+
+    env = {**os.environ, "CORRAL_PORT": "0"}
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "examples" / "team" / "run.py")],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    try:
+        url = ""
+        deadline = time.monotonic() + 20
+        while not url and time.monotonic() < deadline:
+            match = re.search(r"listening on (http://\S+)", proc.stdout.readline())
+            url = match.group(1) if match else ""
+        assert url, "the daemon did not say where it listens"
+
+        def agents() -> dict[str, dict[str, object]]:
+            done = subprocess.run(
+                [sys.executable, "-m", "corral.cli", "--url", url, "agents", "--json"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=True,
+            )
+            return {a["name"]: a for a in json.loads(done.stdout)}
+
+        def settled(found: dict[str, dict[str, object]]) -> bool:
+            want = {
+                "indexer": "idle",
+                "fetcher": "idle",
+                "billing": "blocked",
+                "deployer": "blocked",
+            }
+            return all(found.get(n, {}).get("state") == s for n, s in want.items())
+
+        found: dict[str, dict[str, object]] = {}
+        while time.monotonic() < deadline + 20 and not settled(found):
+            found = agents()
+            time.sleep(0.1)
+        assert settled(found), found
+        assert found["billing"]["reason"] == "circuit-tripped"
+        assert found["deployer"]["reason"] == "ask"
+        assert found["fetcher"]["turns"] == 2  # failed once, retried
+        decisions = subprocess.run(
+            [sys.executable, "-m", "corral.cli", "--url", url, "decisions"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+            env={**env, "COLUMNS": "200"},  # a wide table: no cell is wrapped
+        )
+        assert "circuit-tripped" in decisions.stdout
+        assert "deployer" in decisions.stdout
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(20)
+        proc.stdout.close()
+    assert proc.returncode == 0

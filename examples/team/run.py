@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import httpx
 
 from corral.daemon import ServeConfig, serve
+from corral.daemon._server import log_to_stderr
 
 HERE = Path(__file__).resolve().parent
 ROUNDS = 40
@@ -76,7 +78,9 @@ async def main() -> None:
         task = asyncio.get_running_loop().create_task(spawn_team(url))
         tasks.add(task)
 
-    await serve(ServeConfig(), ready=ready)
+    log_to_stderr()
+    port = int(os.environ.get("CORRAL_PORT", "4600"))
+    await serve(ServeConfig(port=port), ready=ready)
     for task in tasks:
         task.cancel()
 

@@ -199,7 +199,7 @@ def build_app() -> "typer.Typer":
         ] = None,
     ) -> None:
         """Run the daemon until interrupted."""
-        from corral.daemon._server import ServeConfig, serve
+        from corral.daemon._server import ServeConfig, log_to_stderr, serve
 
         config: dict[str, Any] = {"host": host, "port": port, "token": token or target(ctx).token}
         if store is not None:
@@ -207,7 +207,9 @@ def build_app() -> "typer.Typer":
         if home is not None:
             config["home"] = home
         with _refusals(), suppress(KeyboardInterrupt):
-            asyncio.run(serve(ServeConfig(**config)))
+            server_config = ServeConfig(**config)
+            log_to_stderr()
+            asyncio.run(serve(server_config))
 
     @app.command()
     def spawn(

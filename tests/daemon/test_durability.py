@@ -78,10 +78,13 @@ class Daemon:
                 break
         raise AssertionError(f"the daemon did not start (exit {self.proc.poll()})")
 
-    def kill_9(self) -> None:
+    def kill_9(self) -> str:
+        """Kill the daemon; what it printed after it said where it listens."""
         assert self.proc is not None
+        assert self.proc.stdout is not None
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(BOUND_S)
+        return self.proc.stdout.read()
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -177,7 +180,9 @@ def run_scenario(store: str, tmp_path: Path) -> None:
         pid = json.loads(pid_file.read_text())["pid"]
         before = {a["id"]: a for a in api.get("/agents").json()["agents"]}
         last_seq = events(api)[-1]["seq"]
-        first.kill_9()
+        log = first.kill_9()
+
+    assert f"agent {blocked}: running -> blocked (ask): command exited with code 1" in log
 
     assert alive(pid), "the turn's process outlives the daemon (it has its own session)"
 

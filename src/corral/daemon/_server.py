@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import logging
 import math
 import os
 import signal
@@ -259,6 +260,21 @@ async def _serve_app(
         server.should_exit = True
         await asyncio.wait({task})
         raise
+
+
+def log_to_stderr(level: int = logging.INFO) -> None:
+    """Send corral's log lines (one per agent state change, among others) to stderr.
+
+    Idempotent: a second call adds no second handler. Other loggers are left alone.
+    """
+    root = logging.getLogger("corral")
+    if any(getattr(h, "_corral_stderr", False) for h in root.handlers):
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
+    handler._corral_stderr = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(level)
 
 
 def _shown_store(config: ServeConfig) -> str:
