@@ -229,4 +229,14 @@ def test_kill_9_mid_turn_on_sqlite(tmp_path: Path) -> None:
 
 @pytest.mark.postgres
 def test_kill_9_mid_turn_on_postgresql(tmp_path: Path, postgres_dsn: str) -> None:
-    run_scenario(postgres_dsn, tmp_path)
+    from psycopg.conninfo import conninfo_to_dict
+
+    parts = conninfo_to_dict(postgres_dsn)
+    url = f"postgresql://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+    run_scenario(url, tmp_path)
+    assert not list(tmp_path.glob("*dbname*")), "the daemon wrote SQLite, not PostgreSQL"
+    import psycopg
+
+    with psycopg.connect(postgres_dsn) as conn:
+        (agents,) = conn.execute("SELECT count(*) FROM agents").fetchone() or (0,)
+    assert agents == 5
