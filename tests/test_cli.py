@@ -291,6 +291,16 @@ async def test_serve_refuses_a_public_host_without_a_token() -> None:
     assert err.startswith("error token_required: refusing to listen on '0.0.0.0' without a token")
 
 
+async def test_serve_reports_a_store_that_is_not_a_database(tmp_path: Path) -> None:
+    path = tmp_path / "corral.db"
+    path.write_text("not a database at all " * 50)
+    err = refused(
+        await corral("serve", "--port", "0", "--store", str(path), "--home", str(tmp_path)), 1
+    )
+    assert err.startswith("error store_unavailable: the store sqlite:")
+    assert "file is not a database" in err
+
+
 async def test_serve_runs_the_daemon_until_sigterm(tmp_path: Path) -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,

@@ -32,7 +32,8 @@ def test_make_run_team_shows_each_policy(tmp_path: Path) -> None:
     import signal
     import time
 
-    env = {**os.environ, "CORRAL_PORT": "0"}
+    # A token in the environment: the daemon, the team script and the CLI all read it.
+    env = {**os.environ, "CORRAL_PORT": "0", "CORRAL_TOKEN": "example-team-token-0123"}
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "examples" / "team" / "run.py")],
         cwd=tmp_path,
@@ -57,6 +58,7 @@ def test_make_run_team_shows_each_policy(tmp_path: Path) -> None:
                 text=True,
                 timeout=20,
                 check=True,
+                env=env,
             )
             return {a["name"]: a for a in json.loads(done.stdout)}
 

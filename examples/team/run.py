@@ -42,7 +42,9 @@ def team_specs() -> list[dict[str, Any]]:
 
 async def spawn_team(url: str) -> None:
     ids: dict[str, str] = {}
-    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+    token = os.environ.get("CORRAL_TOKEN")  # the daemon takes it too (ServeConfig)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as client:
         for spec in team_specs():
             if "parent" in spec:
                 spec["parent"] = ids[spec["parent"]]

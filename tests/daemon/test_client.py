@@ -469,3 +469,18 @@ async def test_follow_events_raises_the_daemons_refusal(daemon: Daemon) -> None:
         await anext(follow_events(daemon.url, after=99))
     assert beyond.value.code == "invalid_request"
     assert "99 is beyond the last event (0)" in beyond.value.message
+
+
+async def test_an_sse_client_that_goes_away_leaves_no_subscriber_behind(
+    daemon: Daemon, http: HttpApi
+) -> None:
+    await http.spawn(SPEC)
+    async with httpx.AsyncClient(base_url=daemon.url, timeout=10) as client:
+        for _ in range(3):
+            async with client.stream("GET", "/events") as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data:"):
+                        break
+                assert len(daemon.service._subscribers) >= 1
+    # The server notices each disconnect and closes that stream's subscription.
+    await settle(lambda: not daemon.service._subscribers)

@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from starlette.types import Message
 
 from corral.daemon import AgentService, SQLiteStore, create_app
+from corral.daemon._auth import agent_token
 from corral.kernel import InvalidArgumentError
 from tests.support.harness import ScriptedHarness, fail
 from tests.support.polling import settle
@@ -333,6 +334,11 @@ async def test_spawn_beyond_the_runs_headcount_is_409_retryable(api: Api) -> Non
         (b"\xff\xfe\x00garbage", {"(body)"}),
         (b"[" * 100_000, {"(body)"}),
         (b"", {"(body)"}),
+        (b'{"name": "w", "harness": "command", "command": ["a\\u0000b"]}', {"command"}),
+        (
+            b'{"name": "w", "harness": "command", "command": ["x"], "env": {"A=B": "1"}}',
+            {"env.A=B"},
+        ),
     ],
 )
 async def test_invalid_spawn_bodies_are_400_invalid_spec_listing_every_problem(
@@ -524,6 +530,8 @@ async def test_a_content_length_that_is_not_a_number_is_400(api: Api) -> None:
         ({}, {"last-event-id": "-3"}, "Last-Event-ID"),
         ({"after": "99"}, {}, "after"),
         ({}, {"last-event-id": "99"}, "Last-Event-ID"),
+        ({}, {"last-event-id": "9" * 5000}, "Last-Event-ID"),
+        ({}, {"last-event-id": "1" * 21}, "Last-Event-ID"),
     ],
 )
 async def test_bad_event_queries_are_400(
@@ -534,6 +542,34 @@ async def test_bad_event_queries_are_400(
         response = await client.get("/events", params={"format": "json", **params}, headers=headers)
     error = error_of(response, 400, "invalid_request")
     assert fields(error) == {field}
+
+
+async def test_a_cursor_too_long_to_be_a_seq_is_400_on_the_stream_too(api: Api) -> None:
+    await api.spawn(name="w")
+    async with api.client() as client:
+        response = await client.get("/events", headers={"last-event-id": "7" * 5000})
+    error = error_of(response, 400, "invalid_request")
+    assert "at most 20 digits" in error["message"]
+    assert "(5000 characters)" in error["message"]
+    assert len(error["message"]) < 300
+
+
+async def test_commands_while_the_daemon_shuts_down_are_503_and_retryable(api: Api) -> None:
+    agent_id = await api.spawn(name="w")
+    await api.service.close()
+    before = api.store.state.last_seq
+    async with api.client() as client:
+        answers = [
+            await client.post("/agents", json=WORKER),
+            await client.post(f"/agents/{agent_id}/prompt", json={"text": "x"}),
+            await client.post(f"/agents/{agent_id}/stop"),
+        ]
+        listed = await client.get("/agents")
+    for response in answers:
+        error = error_of(response, 503, "shutting_down")
+        assert error["retryable"] is True
+    assert listed.status_code == 200
+    assert api.store.state.last_seq == before
 
 
 async def test_a_cursor_beyond_the_log_names_the_last_seq(api: Api) -> None:
@@ -736,3 +772,139 @@ async def test_a_refused_token_is_not_echoed(api: Api) -> None:
     with pytest.raises(InvalidArgumentError) as caught:
         create_app(api.service, token="top secret")
     assert "top secret" not in str(caught.value)
+
+
+# --- agent tokens ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def scoped(tmp_path: Path) -> AsyncIterator[Api]:
+    """A service whose daemon has a token, so that each agent gets one of its own."""
+    store = SQLiteStore(tmp_path / "scoped.db")
+    await store.open()
+    harness = ScriptedHarness()
+    service = AgentService(
+        store, home=tmp_path / "scoped", harnesses={"command": harness}, token=TOKEN
+    )
+    await service.start()
+    yield Api(store, service, harness)
+    await service.close()
+    await store.close()
+
+
+def as_agent(api: Api, agent_id: str) -> httpx.AsyncClient:
+    app = create_app(api.service, token=TOKEN)
+    return api.client(app, authorization=f"Bearer {agent_token(TOKEN, agent_id)}")
+
+
+async def test_each_agent_is_given_a_token_of_its_own_not_the_daemons(scoped: Api) -> None:
+    agent_id = await scoped.spawn(name="w", prompt="go")
+    await scoped.until(agent_id, "idle")
+    (request,) = scoped.harness.requests
+    given = request.env["CORRAL_TOKEN"]
+    assert given == agent_token(TOKEN, agent_id)
+    assert given.startswith(f"corral-agent.{agent_id}.")
+    assert TOKEN not in given
+    assert request.env["CORRAL_URL"] == "http://127.0.0.1:4600"
+
+
+async def test_without_a_daemon_token_agents_get_none(api: Api) -> None:
+    agent_id = await api.spawn(name="w", prompt="go")
+    await api.until(agent_id, "idle")
+    (request,) = api.harness.requests
+    assert "CORRAL_TOKEN" not in request.env
+
+
+async def test_an_agent_token_reaches_the_agent_and_its_descendants_only(scoped: Api) -> None:
+    lead = await scoped.spawn(name="lead")
+    child = await scoped.spawn(name="child", parent=lead)
+    grandchild = await scoped.spawn(name="grandchild", parent=child)
+    other = await scoped.spawn(name="other")
+    async with as_agent(scoped, lead) as client:
+        listed = (await client.get("/agents")).json()["agents"]
+        assert {a["id"] for a in listed} == {lead, child, grandchild}
+        assert (await client.get(f"/agents/{grandchild}")).status_code == 200
+        assert (await client.get(f"/agents/{child}/inbox")).status_code == 200
+        prompted = await client.post(f"/agents/{child}/prompt", json={"text": "go"})
+        assert prompted.status_code == 202
+        await scoped.until(child, "idle")
+        assert (await client.post(f"/agents/{grandchild}/stop")).status_code == 202
+    assert scoped.state(grandchild) == "stopped"
+
+    before = scoped.store.state.last_seq
+    async with as_agent(scoped, child) as client:
+        refused = [
+            await client.get(f"/agents/{lead}"),
+            await client.get(f"/agents/{other}"),
+            await client.get(f"/agents/{other}/inbox"),
+            await client.get("/agents/a_00000000"),
+            await client.post(f"/agents/{lead}/prompt", json={"text": "x"}),
+            await client.post(f"/agents/{other}/stop"),
+            await client.post("/agents", json={**WORKER, "parent": lead}),
+            await client.get("/events", params={"agent": lead, "format": "json"}),
+        ]
+        for response in refused:
+            error = error_of(response, 403, "out_of_scope")
+            assert error["details"]["principal"] == child
+            assert f"the token of agent '{child}'" in error["message"]
+        root = error_of(await client.post("/agents", json=WORKER), 403, "out_of_scope")
+        assert "a new root agent" in root["message"]
+        log = error_of(await client.get("/events"), 403, "out_of_scope")
+        assert "?agent=" in log["message"]
+        assert scoped.store.state.last_seq == before
+
+        spawned = await client.post("/agents", json={**WORKER, "name": "helper", "parent": child})
+        assert spawned.status_code == 201
+        own = (await client.get("/events", params={"agent": child, "format": "json"})).json()
+        assert {e["agentId"] for e in own["events"]} == {child}
+    assert scoped.service.get(spawned.json()["id"])["parent"] == child
+
+
+async def test_an_agent_token_sees_only_its_own_decisions(scoped: Api) -> None:
+    scoped.harness.script("w", fail("no key"))
+    scoped.harness.script("v", fail("no key"))
+    lead = await scoped.spawn(name="lead")
+    mine = await scoped.spawn(name="w", prompt="go", parent=lead, onFailure="ask")
+    theirs = await scoped.spawn(name="v", prompt="go", onFailure="ask")
+    await scoped.until(mine, "blocked")
+    await scoped.until(theirs, "blocked")
+    async with as_agent(scoped, lead) as client:
+        await client.post(f"/agents/{mine}/prompt", json={"text": "again", "by": "lead"})
+        await scoped.until(mine, "idle")
+        answer = (await client.get("/decisions", params={"resolved": "true"})).json()
+    assert answer["decisions"] == []
+    assert [r["agentId"] for r in answer["resolutions"]] == [mine]
+    assert [d["agentId"] for d in scoped.service.decisions()] == [theirs]
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        "corral-agent.a_00000000.0000",
+        "corral-agent.",
+        "corral-agent..x",
+        "corral-agent.{id}",
+        "{other_daemon}",
+        "{id_swapped}",
+    ],
+)
+async def test_forged_agent_tokens_are_401(scoped: Api, token: str) -> None:
+    agent_id = await scoped.spawn(name="w")
+    other_id = await scoped.spawn(name="v")
+    token = token.format(
+        id=agent_id,
+        other_daemon=agent_token("another-daemon-token", agent_id),
+        id_swapped=agent_token(TOKEN, other_id).replace(other_id, agent_id),
+    )
+    app = create_app(scoped.service, token=TOKEN)
+    async with scoped.client(app, authorization=f"Bearer {token}") as client:
+        response = await client.get(f"/agents/{agent_id}")
+    error_of(response, 401, "unauthorized")
+
+
+async def test_an_agent_token_does_not_open_the_mcp_endpoint(scoped: Api) -> None:
+    agent_id = await scoped.spawn(name="w")
+    async with as_agent(scoped, agent_id) as client:
+        response = await client.post("/mcp", json={})
+    error = error_of(response, 403, "out_of_scope")
+    assert "corral mcp" in error["message"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -16,7 +17,14 @@ from typing import Any
 import httpx
 import pytest
 
-from corral.daemon import AgentService, ServeConfig, SQLiteStore, open_store, serve
+from corral.daemon import (
+    AgentService,
+    ServeConfig,
+    SQLiteStore,
+    StoreUnavailableError,
+    open_store,
+    serve,
+)
 from corral.daemon._server import ListenError, TokenRequiredError
 from corral.kernel import InvalidArgumentError
 from corral.runtime import FakeClock
@@ -84,6 +92,64 @@ def test_open_store_gives_postgres_for_postgresql_urls(scheme: str) -> None:
     store = open_store(f"{scheme}://corral:pw@db.internal:5432/corral")
     assert isinstance(store, postgres.PostgresStore)
     assert store.dsn == f"{scheme}://corral:pw@db.internal:5432/corral"
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "user=postgres dbname=corral host=127.0.0.1 port=5432",
+        "host=db.internal dbname=corral",
+        "  dbname = corral",
+        "service=corral",
+    ],
+)
+def test_open_store_gives_postgres_for_a_keyword_connection_string(dsn: str) -> None:
+    postgres = pytest.importorskip("corral.daemon._postgres")
+    store = open_store(dsn)
+    assert isinstance(store, postgres.PostgresStore)
+    assert store.dsn == dsn
+
+
+@pytest.mark.parametrize("path", ["data/a=b.db", "x=1", "hostname.db"])
+def test_paths_that_merely_hold_an_equals_sign_stay_sqlite(path: str) -> None:
+    store = open_store(path)
+    assert isinstance(store, SQLiteStore)
+    assert store.path == Path(path)
+
+
+@pytest.mark.parametrize(
+    ("store", "secret"),
+    [
+        ("host=db password=hunter2 dbname=x", "hunter2"),
+        ("host=db password='two words' dbname=x", "two words"),
+        ("postgresql://u:hunter2@db/x", "hunter2"),
+    ],
+)
+def test_the_store_shown_at_start_hides_its_password(store: str, secret: str) -> None:
+    from corral.daemon._server import _shown_store
+
+    shown = _shown_store(ServeConfig(store=store))
+    assert secret not in shown
+    assert "***" in shown
+    assert "db" in shown
+
+
+async def test_a_store_that_is_not_a_database_is_a_clear_error_and_leaks_nothing(
+    tmp_path: Path,
+) -> None:
+    import threading
+
+    path = tmp_path / "corral.db"
+    path.write_text("this is not a database, " * 40)
+    config = ServeConfig(port=0, store=f"sqlite:///{path}", home=tmp_path / "home")
+    before = set(threading.enumerate())
+    with pytest.raises(StoreUnavailableError) as caught:
+        await serve(config, harnesses={"command": ScriptedHarness()})
+    assert caught.value.code == "store_unavailable"
+    assert caught.value.retryable is False
+    assert "file is not a database" in caught.value.message
+    assert str(path) in caught.value.message
+    assert not [t for t in set(threading.enumerate()) - before if t.name.startswith("corral-")]
 
 
 @pytest.mark.parametrize(
@@ -181,6 +247,69 @@ def test_serve_config_refuses_bad_values(kwargs: dict[str, Any], argument: str) 
 
 
 # --- serve ----------------------------------------------------------------------------------------
+
+
+# A command-harness worker that calls the daemon back with what its environment gives it.
+CALL_HOME = """
+import json, os, sys, urllib.error, urllib.request
+sys.stdin.read()
+me = os.environ["CORRAL_AGENT_ID"]
+def get(path):
+    request = urllib.request.Request(
+        os.environ["CORRAL_URL"] + path,
+        headers={"Authorization": "Bearer " + os.environ.get("CORRAL_TOKEN", "")},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status
+    except urllib.error.HTTPError as refused:
+        return refused.code
+print(json.dumps({
+    "self": get("/agents/" + me),
+    "parent": get("/agents/" + os.environ["CORRAL_PARENT_ID"]),
+    "admin": os.environ.get("CORRAL_TOKEN") == os.environ["ADMIN_TOKEN_SEEN_BY_TEST"],
+}))
+"""
+
+
+async def test_an_agent_calls_back_with_its_own_token_never_the_daemons(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from corral.daemon import CommandHarness
+
+    admin = "admin-token-0123456789"
+    # The daemon takes its token from the environment, which its command agents inherit.
+    monkeypatch.setenv("CORRAL_TOKEN", admin)
+    monkeypatch.setenv("ADMIN_TOKEN_SEEN_BY_TEST", admin)
+    config = ServeConfig(port=0, store=f"sqlite:///{tmp_path / 'c.db'}", home=tmp_path / "home")
+    url: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(
+        serve(config, harnesses={"command": CommandHarness()}, ready=url.set_result)
+    )
+    try:
+        async with asyncio.timeout(BOUND_S):
+            base = await url
+        headers = {"authorization": f"Bearer {admin}"}
+        async with httpx.AsyncClient(base_url=base, headers=headers, timeout=BOUND_S) as client:
+            lead = (await client.post("/agents", json=WORKER)).json()["id"]
+            spec = {
+                "name": "caller",
+                "harness": "command",
+                "command": [sys.executable, "-c", CALL_HOME],
+                "prompt": "go",
+                "parent": lead,
+            }
+            caller = (await client.post("/agents", json=spec)).json()["id"]
+            deadline = asyncio.get_running_loop().time() + BOUND_S
+            while (record := (await client.get(f"/agents/{caller}")).json())["state"] == "running":
+                assert asyncio.get_running_loop().time() < deadline, "the turn did not end"
+                await asyncio.sleep(0.02)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert record["state"] == "idle", record
+    assert json.loads(record["lastOutput"]) == {"self": 200, "parent": 403, "admin": False}
 
 
 async def test_serve_listens_on_a_free_port_and_gives_agents_its_url(

@@ -15,15 +15,22 @@ from corral.daemon import (
     AgentNotFoundError,
     AgentNotLiveError,
     AgentService,
+    CommandResult,
     Event,
     IdempotencyConflictError,
     InvalidSpecError,
     NothingToSendError,
+    ServiceClosedError,
     SpawnRefusedError,
     SQLiteStore,
+    TurnRequest,
+    TurnResult,
+    http_status,
 )
 from tests.support.harness import ScriptedHarness, fail
-from tests.support.polling import settle
+from tests.support.polling import idle, settle
+
+BOUND_S = 10.0  # bound on a wait that must not hang; never a guess at how long it takes
 
 
 def _exists(path: str) -> bool:
@@ -440,3 +447,351 @@ async def test_a_dollar_budget_holds_an_agent_whose_turns_cost_is_unknown(env: E
     assert info.value.details["dimension"] == "cost_usd"
     assert env.service.get(agent_id)["reason"] == "budget-exhausted"
     await env.assert_replay_matches()
+
+
+# --- budgets at spawn, notices of ended agents, retries with notices ------------------------
+
+
+@pytest.mark.parametrize(
+    ("budget", "dimension"),
+    [({"maxTurns": 0}, "turns"), ({"maxTokens": 0}, "tokens"), ({"deadlineS": 0}, "deadline_s")],
+)
+async def test_a_first_turn_the_budget_has_no_room_for_does_not_start(
+    env: Env, budget: dict[str, Any], dimension: str
+) -> None:
+    parent = await env.spawn(name="boss")
+    result = await env.service.spawn(
+        {"name": "w", "harness": "command", "command": ["x"], "prompt": "go", "budget": budget},
+        idempotency_key="k",
+    )
+    assert result.status == 201
+    assert (result.body["state"], result.body["reason"]) == ("blocked", "budget-exhausted")
+    agent_id = result.body["id"]
+    assert result.body["turnInFlight"] is None
+    rec = env.service.get(agent_id)
+    assert (rec["state"], rec["reason"], rec["turns"]) == ("blocked", "budget-exhausted", 0)
+    assert rec["error"] == result.body["error"]
+    assert dimension in rec["error"]
+    assert "agent.turn_started" not in await env.types(agent_id)
+    (needed,) = [e for e in await env.events(agent_id) if e.type == "agent.supervision_needed"]
+    assert (needed.data["reason"], needed.data["dimension"]) == ("budget-exhausted", dimension)
+    assert env.harness.requests == []
+    assert env.service.inbox(parent) == []
+    await env.assert_replay_matches()
+
+
+async def test_a_child_held_by_its_budget_at_spawn_tells_its_parent(env: Env) -> None:
+    parent = await env.spawn(name="boss")
+    child = await env.spawn(name="w", prompt="go", parent=parent, budget={"maxTurns": 0})
+    (notice,) = env.service.inbox(parent)
+    assert (notice["kind"], notice["from"], notice["reason"]) == (
+        "supervision",
+        child,
+        "budget-exhausted",
+    )
+
+
+class Gated:
+    """A ScriptedHarness behind gates: turns of the agents named in a closed gate wait
+    (before their scripted outcome) until it is opened."""
+
+    def __init__(self, inner: ScriptedHarness) -> None:
+        self.inner = inner
+        self.gates: dict[str, asyncio.Event] = {}
+        self.waiting: set[str] = set()
+
+    def close(self, name: str) -> None:
+        self.gates[name] = asyncio.Event()
+
+    def open(self, name: str) -> None:
+        self.gates.pop(name).set()
+
+    async def run_turn(self, request: TurnRequest) -> TurnResult:
+        gate = self.gates.get(request.spec.name)
+        if gate is not None:
+            self.waiting.add(request.agent_id)
+            try:
+                await gate.wait()
+            finally:
+                self.waiting.discard(request.agent_id)
+        return await self.inner.run_turn(request)
+
+    async def reap(self, agent_id: str, state_dir: Path) -> bool:
+        return await self.inner.reap(agent_id, state_dir)
+
+
+async def test_notices_waiting_for_a_parent_that_fails_are_dropped(env: Env) -> None:
+    gated = Gated(env.harness)
+    env.service.harnesses["command"] = gated
+    gated.close("boss")
+    env.harness.script("boss", fail("lead crashed"))
+    parent = await env.spawn(name="boss", prompt="lead")
+    await settle(lambda: parent in gated.waiting)
+    child = await env.spawn(name="w", prompt="x", parent=parent, notifyOn=["done"])
+    await env.until(child, "idle")
+    assert [n["state"] for n in env.service.inbox(parent)] == ["pending"]
+    gated.open("boss")
+    await env.until(parent, "failed")
+    (notice,) = env.service.inbox(parent)
+    assert notice["state"] == "dropped"
+    assert notice["droppedAt"]
+    assert (await env.types(parent))[-1] == "inbox.dropped"
+    await env.assert_replay_matches()
+
+
+async def test_a_notice_to_a_parent_that_has_ended_is_dropped_at_once(env: Env) -> None:
+    parent = await env.spawn(name="boss")
+    child = await env.spawn(name="w", parent=parent, notifyOn=["done"], onFailure="ask")
+    await env.service.stop(parent)
+    env.harness.script("w", fail("no key"), "fixed")
+    await env.service.prompt(child, "go")
+    await env.until(child, "blocked")
+    await env.service.prompt(child)
+    await env.until(child, "idle")
+    notices = env.service.inbox(parent)
+    assert [(n["kind"], n["state"]) for n in notices] == [
+        ("supervision", "dropped"),
+        ("done", "dropped"),
+    ]
+    await env.assert_replay_matches()
+
+
+async def test_a_retry_resends_the_notices_that_went_in_front_of_the_failed_prompt(
+    env: Env,
+) -> None:
+    parent = await env.spawn(name="boss", onFailure="retry", maxRetries=1)
+    child = await env.spawn(name="w", prompt="x", parent=parent, notifyOn=["done"])
+    await env.until(child, "idle")
+    env.harness.script("boss", fail("flaky"), "done")
+    await env.service.prompt(parent, "what now?")
+    await settle(lambda: len(env.harness.prompts(parent)) == 2)
+    await env.until(parent, "idle")
+    first, retry = env.harness.prompts(parent)
+    assert first.startswith("[corral] notices since your last turn:")
+    assert f"w ({child}) finished a turn: ok" in first
+    assert first.endswith("\n\nwhat now?")
+    assert retry == first
+    started = [e.data for e in await env.events(parent) if e.type == "agent.turn_started"]
+    assert [(d["prompt"], d["retry"]) for d in started] == [
+        ("what now?", False),
+        ("what now?", True),
+    ]
+    # A prompt of its own afterwards carries no notice any more: they were delivered.
+    await env.service.prompt(parent, "next")
+    await settle(lambda: len(env.harness.prompts(parent)) == 3)
+    await env.until(parent, "idle")
+    assert env.harness.prompts(parent)[-1] == "next"
+    await env.assert_replay_matches()
+
+
+async def test_pending_notices_survive_a_restart_and_go_in_front_of_the_next_prompt(
+    tmp_path: Path,
+) -> None:
+    async def open_env(harness: ScriptedHarness) -> Env:
+        store = SQLiteStore(tmp_path / "c.db")
+        await store.open()
+        service = AgentService(store, home=tmp_path / "home", harnesses={"command": harness})
+        await service.start()
+        return Env(store, service, harness)
+
+    env = await open_env(ScriptedHarness())
+    parent = await env.spawn(name="boss")
+    env.harness.script("w", fail("no key"))
+    child = await env.spawn(name="w", prompt="x", parent=parent, onFailure="ask")
+    await env.until(child, "blocked")
+    await env.service.close()
+    await env.store.close()
+
+    env = await open_env(ScriptedHarness())
+    try:
+        notices = env.service.inbox(parent)
+        assert [(n["kind"], n["state"]) for n in notices] == [("supervision", "pending")]
+        await env.service.prompt(parent, "status?")
+        await env.until(parent, "idle")
+        (sent,) = env.harness.prompts(parent)
+        assert f"w ({child}) is blocked (ask) and needs a decision: no key" in sent
+        assert sent.endswith("\n\nstatus?")
+        assert [n["state"] for n in env.service.inbox(parent)] == ["delivered"]
+    finally:
+        await env.service.close()
+        await env.store.close()
+
+
+# --- races -------------------------------------------------------------------------------------
+
+
+async def test_stop_wins_over_a_finished_turn_waiting_to_be_written(env: Env) -> None:
+    env.harness.script("w", "hang")
+    agent_id = await env.spawn(name="w", prompt="go")
+    await settle(lambda: agent_id in env.harness.running)
+    async with env.service._mutex:
+        stopping = asyncio.create_task(env.service.stop(agent_id, by="ops"))
+        await idle()  # the stop now waits for the lock
+        env.harness.release("w")
+        # the turn is back from the harness and waits for the lock, behind the stop
+        await settle(lambda: agent_id not in env.harness.running)
+    async with asyncio.timeout(BOUND_S):
+        result = await stopping
+    assert result.status == 202
+    rec = env.service.get(agent_id)
+    assert (rec["state"], rec["turnInFlight"], rec["lastOutput"]) == ("stopped", None, None)
+    types = await env.types(agent_id)
+    assert "agent.turn_completed" not in types
+    assert types[-2:] == ["agent.turn_interrupted", "agent.state_changed"]
+    await idle()
+    assert env.service._turns == {}
+    await env.assert_replay_matches()
+
+
+async def test_two_prompts_at_once_start_one_turn(env: Env) -> None:
+    agent_id = await env.spawn(name="w")
+    env.harness.script("w", "hang")
+    results = await asyncio.gather(
+        env.service.prompt(agent_id, "a"),
+        env.service.prompt(agent_id, "b"),
+        return_exceptions=True,
+    )
+    assert [type(r) for r in results] == [CommandResult, AgentBusyError]
+    await settle(lambda: agent_id in env.harness.running)
+    assert env.harness.prompts(agent_id) == ["a"]
+    env.harness.release("w")
+    rec = await env.until(agent_id, "idle")
+    assert rec["turns"] == 1
+
+
+async def test_the_same_spawn_sent_at_once_with_one_key_creates_one_agent(env: Env) -> None:
+    spec = {"name": "w", "harness": "command", "command": ["x"], "prompt": "go"}
+    results = await asyncio.gather(
+        *(env.service.spawn(spec, idempotency_key="k") for _ in range(5))
+    )
+    assert len({r.body["id"] for r in results}) == 1
+    assert [r.replayed for r in results].count(False) == 1
+    (agent,) = env.service.list_agents()
+    await env.until(agent["id"], "idle")
+    assert env.harness.prompts(agent["id"]) == ["go"]
+
+
+@pytest.mark.parametrize("first", ["prompt", "stop"])
+async def test_a_prompt_and_a_stop_at_once_leave_the_agent_stopped(env: Env, first: str) -> None:
+    agent_id = await env.spawn(name="w")
+    env.harness.script("w", "hang")
+    calls = {"prompt": env.service.prompt(agent_id, "go"), "stop": env.service.stop(agent_id)}
+    order = [first, "stop" if first == "prompt" else "prompt"]
+    results = dict(
+        zip(
+            order,
+            await asyncio.gather(*(calls[c] for c in order), return_exceptions=True),
+            strict=True,
+        )
+    )
+    assert isinstance(results["stop"], CommandResult)
+    if first == "stop":
+        assert isinstance(results["prompt"], AgentNotLiveError)
+    else:
+        assert isinstance(results["prompt"], CommandResult)
+    await settle(lambda: not env.harness.running)
+    await idle()
+    rec = env.service.get(agent_id)
+    assert (rec["state"], rec["turnInFlight"]) == ("stopped", None)
+    assert env.service._turns == {}
+    types = await env.types(agent_id)
+    assert types[-1] == "agent.state_changed"
+    assert "agent.turn_completed" not in types
+    await env.assert_replay_matches()
+
+
+# --- closing -----------------------------------------------------------------------------------
+
+
+async def test_commands_after_close_are_refused_and_write_nothing(env: Env) -> None:
+    spec = {"name": "w", "harness": "command", "command": ["x"], "prompt": "one"}
+    agent_id = (await env.service.spawn(spec, idempotency_key="k")).body["id"]
+    await env.until(agent_id, "idle")
+    await env.service.close()
+    before = env.store.state.last_seq
+    refused = [
+        env.service.spawn({**spec, "name": "v"}),
+        env.service.prompt(agent_id, "two"),
+        env.service.stop(agent_id),
+    ]
+    for call, command in zip(refused, ["spawn", "prompt", "stop"], strict=True):
+        with pytest.raises(ServiceClosedError) as info:
+            await call
+        assert info.value.code == "shutting_down"
+        assert info.value.retryable
+        assert http_status(info.value) == 503
+        assert f"{command} was not applied" in info.value.message
+    # a retried command that was applied before still gets its first answer
+    assert (await env.service.spawn(spec, idempotency_key="k")).replayed
+    assert env.store.state.last_seq == before
+    assert env.harness.prompts(agent_id) == ["one"]
+
+
+async def test_a_command_that_waited_for_the_lock_during_close_is_refused(env: Env) -> None:
+    agent_id = await env.spawn(name="w")
+    async with env.service._mutex:
+        prompting = asyncio.create_task(env.service.prompt(agent_id, "go"))
+        await idle()  # the prompt now waits for the lock
+        await env.service.close()
+    with pytest.raises(ServiceClosedError):
+        await prompting
+    rec = env.service.get(agent_id)
+    assert (rec["state"], rec["turnInFlight"], rec["turns"]) == ("idle", None, 0)
+    assert env.harness.requests == []
+
+
+async def test_a_subscription_made_after_close_ends_after_the_log(env: Env) -> None:
+    await env.spawn(name="w")
+    await env.service.close()
+    async with asyncio.timeout(BOUND_S):
+        seen = [e.seq async for e in env.service.subscribe(after=0)]
+    assert seen == [1]
+    assert env.service._subscribers == set()
+
+
+async def test_close_ends_live_subscriptions_and_cancels_turns(env: Env) -> None:
+    env.harness.script("w", "hang")
+    agent_id = await env.spawn(name="w", prompt="go")
+    await settle(lambda: agent_id in env.harness.running)
+    task = env.service._turns[agent_id]
+    stream = env.service.subscribe()
+    reading = asyncio.create_task(anext(stream, None))
+    await idle()
+    await env.service.close()
+    async with asyncio.timeout(BOUND_S):
+        assert await reading is None
+    assert task.done()
+    assert env.harness.cancelled == [agent_id]
+    assert env.service._turns == {}
+    assert env.service._subscribers == set()
+    # nothing is written for the turn: the next start settles it as interrupted
+    assert env.service.get(agent_id)["turnInFlight"] == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "argument"),
+    [
+        ({"store": object()}, "store"),
+        ({"home": 5}, "home"),
+        ({"harnesses": ["command"]}, "harnesses"),
+        ({"harnesses": {"command": object()}}, "harnesses"),
+        ({"url": ""}, "url"),
+        ({"clock": "now"}, "clock"),
+        ({"subscriber_buffer": 0}, "subscriber_buffer"),
+        ({"subscriber_buffer": True}, "subscriber_buffer"),
+        ({"token": ""}, "token"),
+        ({"token": 5}, "token"),
+    ],
+)
+async def test_agent_service_refuses_bad_arguments(
+    tmp_path: Path, kwargs: dict[str, Any], argument: str
+) -> None:
+    from corral.kernel import InvalidArgumentError
+
+    store = SQLiteStore(tmp_path / "c.db")
+    args: dict[str, Any] = {"home": tmp_path, "harnesses": {"command": ScriptedHarness()}}
+    args.update(kwargs)
+    with pytest.raises(InvalidArgumentError) as caught:
+        AgentService(args.pop("store", store), **args)
+    assert caught.value.where == "AgentService"
+    assert caught.value.argument == argument

@@ -13,9 +13,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from corral.daemon import Event, NewEvent, SQLiteStore, Store, http_status
+from corral.daemon import Event, NewEvent, SQLiteStore, Store, StoreUnavailableError, http_status
 from corral.daemon import _events as ev
-from corral.daemon._postgres import PostgresStore, StoreUnavailableError
+from corral.daemon._postgres import PostgresStore
 from corral.daemon._state import ReplayError
 from corral.kernel import InvalidArgumentError, UsageError
 from corral.runtime import FakeClock
@@ -316,6 +316,30 @@ async def test_a_database_error_mid_transaction_writes_nothing(
     reopened = await backend.open()
     assert reopened.state.snapshot() == before
     assert seqs(await reopened.append([command("fine", PARENT)])) == [2]
+
+
+async def test_sqlite_refusing_a_write_is_store_unavailable_and_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    store = SQLiteStore(tmp_path / "corral.db")
+    await store.open()
+    try:
+        await store.append([created(PARENT)])
+        before = store.state.snapshot()
+        conn = store._require()
+        # What a full disk or a lock held past the busy timeout looks like to the store.
+        await store._run(lambda: conn.execute("PRAGMA query_only=1"))
+        with pytest.raises(StoreUnavailableError) as info:
+            await store.append([notice(PARENT, CHILD, "done")])
+        assert info.value.retryable is True
+        assert http_status(info.value) == 503
+        assert "readonly" in info.value.message
+        assert store.state.snapshot() == before
+        await store._run(lambda: conn.execute("PRAGMA query_only=0"))
+        assert seqs(await store.append([notice(PARENT, CHILD, "done")])) == [2]
+        assert (await store.replay()).snapshot() == store.state.snapshot()
+    finally:
+        await store.close()
 
 
 async def test_a_cancelled_caller_leaves_the_state_in_step_with_the_log(

@@ -23,7 +23,10 @@ from corral.daemon._errors import (
     IdempotencyConflictError,
     InvalidSpecError,
     NothingToSendError,
+    OutOfScopeError,
+    ServiceClosedError,
     SpawnRefusedError,
+    StoreUnavailableError,
     UnauthorizedError,
     http_status,
 )
@@ -62,13 +65,16 @@ __all__ = [
     "NewEvent",
     "NothingToSendError",
     "OpenAIHarness",
+    "OutOfScopeError",
     "PythonHarness",
     "RemoteError",
     "SQLiteStore",
     "ServeConfig",
+    "ServiceClosedError",
     "SpawnRefusedError",
     "State",
     "Store",
+    "StoreUnavailableError",
     "TurnContext",
     "TurnFailedError",
     "TurnRequest",
@@ -89,7 +95,7 @@ __all__ = [
 
 def __getattr__(name: str) -> object:
     # PostgreSQL support needs the ``postgres`` extra (psycopg): import it only when asked.
-    if name in {"PostgresStore", "StoreUnavailableError"}:
+    if name == "PostgresStore":
         from corral.daemon import _postgres
 
         return getattr(_postgres, name)

@@ -126,12 +126,72 @@ class SpawnRefusedError(DaemonError, RefusalError):
         )
 
 
+class StoreUnavailableError(DaemonError):
+    """The store cannot be opened or written: the database is unreachable, dropped the
+    connection, or (SQLite) the file cannot be opened as a database. Retryable unless said
+    otherwise (a file that is not a database stays one)."""
+
+    code = "store_unavailable"
+    status = 503
+    default_retryable = True
+
+    def __init__(
+        self,
+        store: str,
+        reason: str,
+        sqlstate: str | None = None,
+        *,
+        retryable: bool | None = None,
+    ) -> None:
+        hint = "" if retryable is False else "; retry once the database answers"
+        super().__init__(
+            f"the store {store} is unavailable: {reason}{hint}",
+            retryable=retryable,
+            store=store,
+            reason=reason,
+            sqlstate=sqlstate,
+        )
+        self.store = store
+        self.reason = reason
+        self.sqlstate = sqlstate
+
+
+class ServiceClosedError(DaemonError):
+    """The service is shutting down and takes no more commands (retryable: a restarted
+    daemon will)."""
+
+    code = "shutting_down"
+    status = 503
+    default_retryable = True
+
+    def __init__(self, command: str) -> None:
+        super().__init__(
+            f"the daemon is shutting down: {command} was not applied; retry once it is back",
+            command=command,
+        )
+
+
 class UnauthorizedError(DaemonError):
     code = "unauthorized"
     status = 401
 
     def __init__(self) -> None:
         super().__init__("a valid bearer token is required")
+
+
+class OutOfScopeError(DaemonError):
+    """An agent's token reaches only that agent and its descendants."""
+
+    code = "out_of_scope"
+    status = 403
+
+    def __init__(self, principal: str, target: str) -> None:
+        super().__init__(
+            f"the token of agent {principal!r} reaches only that agent and its descendants, "
+            f"not {target}",
+            principal=principal,
+            target=target,
+        )
 
 
 def http_status(error: CorralError) -> int:

@@ -32,7 +32,14 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import corral
-from corral.daemon._errors import DaemonError, InvalidSpecError, UnauthorizedError, http_status
+from corral.daemon._auth import agent_of_token
+from corral.daemon._errors import (
+    DaemonError,
+    InvalidSpecError,
+    OutOfScopeError,
+    UnauthorizedError,
+    http_status,
+)
 from corral.daemon._service import AgentService, CommandResult
 from corral.daemon._spec import AgentSpec, parse_spec, problems_of
 from corral.kernel import CorralError, InvalidArgumentError
@@ -166,11 +173,13 @@ class ErrorBody(BaseModel):
 _ERROR_DESCRIPTIONS = {
     400: "Invalid input; `details.problems` lists every problem",
     401: "Missing or wrong bearer token",
+    403: "An agent's token used beyond that agent and its descendants",
     404: "No agent with that id",
     409: "The agent (or its run) cannot take the command now",
     413: "Body over the size limit",
     415: "The body is not declared as JSON",
     422: "The idempotency key was used for another command",
+    503: "The daemon is shutting down, or its store is unavailable (retryable)",
 }
 
 
@@ -178,7 +187,7 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {s: {"model": ErrorBody, "description": _ERROR_DESCRIPTIONS[s]} for s in statuses}
 
 
-_COMMAND_ERRORS = _errors(400, 401, 404, 409, 413, 415, 422)
+_COMMAND_ERRORS = _errors(400, 401, 403, 404, 409, 413, 415, 422, 503)
 
 
 def _request_body(model: type[BaseModel], *, required: bool) -> dict[str, Any]:
@@ -205,9 +214,13 @@ def create_app(
     """The HTTP API over ``service``.
 
     With ``token``, every request but ``GET /healthz`` needs ``Authorization: Bearer <token>``
-    (401 ``unauthorized`` otherwise). Bodies over ``max_body_bytes`` (declared or streamed)
-    are refused with 413 ``body_too_large``. ``GET /events`` sends a heartbeat comment every
-    ``heartbeat_s`` seconds. Raises ``InvalidArgumentError`` for bad arguments.
+    (401 ``unauthorized`` otherwise). An agent's own token (``CORRAL_TOKEN`` in its
+    environment, see :meth:`AgentService.in_scope`) is accepted too, for that agent and its
+    descendants only: it lists and reads them, prompts and stops them, spawns children under
+    them, reads their events (one agent at a time, ``?agent=``) and decisions; anything else,
+    ``/mcp`` included, is 403 ``out_of_scope``. Bodies over ``max_body_bytes`` (declared or
+    streamed) are refused with 413 ``body_too_large``. ``GET /events`` sends a heartbeat
+    comment every ``heartbeat_s`` seconds. Raises ``InvalidArgumentError`` for bad arguments.
     """
     where = "create_app"
     v.instance_of(where, "service", service, AgentService)
@@ -236,10 +249,11 @@ def create_app(
         "/agents",
         status_code=201,
         summary="Create an agent from a spec",
-        responses=_errors(400, 401, 409, 413, 415, 422),
+        responses=_errors(400, 401, 403, 409, 413, 415, 422, 503),
         openapi_extra=_request_body(SpawnBody, required=True),
     )
     async def spawn(request: Request) -> JSONResponse:
+        principal = _principal(request)
         data = _json_value(await _body(request))
         problems: list[dict[str, Any]] = []
         key = None
@@ -256,16 +270,25 @@ def create_app(
             raise InvalidSpecError(exc.problems + problems) from None
         if problems:
             raise InvalidSpecError(problems)
+        if principal is not None:
+            if spec.parent is None:
+                raise OutOfScopeError(principal, "a new root agent (give a parent)")
+            _check(request, spec.parent)
         result = await service.spawn(spec, idempotency_key=key)
         location = {"Location": f"/agents/{result.body['id']}"} if "id" in result.body else {}
         return _command(result, location)
 
     @app.get("/agents", summary="Every agent", responses=_errors(401))
-    async def list_agents() -> JSONResponse:
-        return JSONResponse({"agents": service.list_agents()})
+    async def list_agents(request: Request) -> JSONResponse:
+        principal = _principal(request)
+        found = service.list_agents()
+        if principal is not None:
+            found = [a for a in found if service.in_scope(principal, a["id"])]
+        return JSONResponse({"agents": found})
 
-    @app.get("/agents/{agent_id}", summary="One agent", responses=_errors(401, 404))
-    async def get_agent(agent_id: str) -> JSONResponse:
+    @app.get("/agents/{agent_id}", summary="One agent", responses=_errors(401, 403, 404))
+    async def get_agent(agent_id: str, request: Request) -> JSONResponse:
+        _check(request, agent_id)
         return JSONResponse(service.get(agent_id))
 
     @app.post(
@@ -276,6 +299,7 @@ def create_app(
         openapi_extra=_request_body(PromptBody, required=False),
     )
     async def prompt(agent_id: str, request: Request) -> JSONResponse:
+        _check(request, agent_id)
         body = _model(PromptBody, await _body(request), "prompt body")
         result = await service.prompt(
             agent_id, body.text, by=body.by, why=body.why, idempotency_key=body.idempotency_key
@@ -290,23 +314,35 @@ def create_app(
         openapi_extra=_request_body(StopBody, required=False),
     )
     async def stop(agent_id: str, request: Request) -> JSONResponse:
+        _check(request, agent_id)
         body = _model(StopBody, await _body(request), "stop body")
         result = await service.stop(
             agent_id, by=body.by, why=body.why, idempotency_key=body.idempotency_key
         )
         return _command(result)
 
-    @app.get("/agents/{agent_id}/inbox", summary="Notices to an agent", responses=_errors(401, 404))
-    async def inbox(agent_id: str) -> JSONResponse:
+    @app.get(
+        "/agents/{agent_id}/inbox", summary="Notices to an agent", responses=_errors(401, 403, 404)
+    )
+    async def inbox(agent_id: str, request: Request) -> JSONResponse:
+        _check(request, agent_id)
         return JSONResponse({"agentId": agent_id, "notices": service.inbox(agent_id)})
 
     @app.get("/decisions", summary="Everything waiting on a person", responses=_errors(400, 401))
     async def decisions(
+        request: Request,
         resolved: Annotated[bool, Query(description="Add the recorded resolutions")] = False,
     ) -> JSONResponse:
-        answer: dict[str, Any] = {"decisions": service.decisions()}
+        principal = _principal(request)
+
+        def mine(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            if principal is None:
+                return items
+            return [d for d in items if service.in_scope(principal, d["agentId"])]
+
+        answer: dict[str, Any] = {"decisions": mine(service.decisions())}
         if resolved:
-            answer["resolutions"] = service.resolutions()
+            answer["resolutions"] = mine(service.resolutions())
         return JSONResponse(answer)
 
     @app.get(
@@ -322,6 +358,7 @@ def create_app(
         },
     )
     async def events(
+        request: Request,
         after: Annotated[
             int | None, Query(ge=0, description="Only events with a greater seq")
         ] = None,
@@ -347,7 +384,11 @@ def create_app(
                 ],
                 "event cursor",
             )
+        principal = _principal(request)
+        if principal is not None and agent is None:
+            raise OutOfScopeError(principal, "the whole event log (add ?agent=ID)")
         if agent is not None:
+            _check(request, agent)
             service.get(agent)  # 404 for an unknown agent
         if fmt == "json":
             page = await service.events(start, agent_id=agent, limit=limit)
@@ -360,10 +401,24 @@ def create_app(
             ping_message_factory=lambda: ServerSentEvent(comment="heartbeat"),
         )
 
+    def _check(request: Request, agent_id: str) -> None:
+        principal = _principal(request)
+        if principal is not None and not service.in_scope(principal, agent_id):
+            raise OutOfScopeError(principal, f"agent {agent_id!r}")
+
     return app
 
 
 # --- helpers ------------------------------------------------------------------------------
+
+
+_PRINCIPAL = "corral.agent"  # the scope key _Gate sets for a request with an agent's token
+
+
+def _principal(request: Request) -> str | None:
+    """The agent whose token the request carries; None for the daemon's own token (or none)."""
+    principal: str | None = request.scope.get(_PRINCIPAL)
+    return principal
 
 
 async def _stream(service: AgentService, after: int, agent: str | None) -> AsyncIterator[Any]:
@@ -376,11 +431,21 @@ async def _stream(service: AgentService, after: int, agent: str | None) -> Async
             )
 
 
+_CURSOR_DIGITS = 20  # past any sequence number; int() refuses very long digit strings
+
+
 def _cursor(raw: str) -> int:
-    if raw.isascii() and raw.isdigit():
+    if raw.isascii() and raw.isdigit() and len(raw) <= _CURSOR_DIGITS:
         return int(raw)
+    shown = raw if len(raw) <= 40 else f"{raw[:40]}... ({len(raw)} characters)"
     raise InvalidRequestError(
-        [{"field": "Last-Event-ID", "message": f"must be a non-negative integer, got {raw!r}"}],
+        [
+            {
+                "field": "Last-Event-ID",
+                "message": f"must be a non-negative integer of at most {_CURSOR_DIGITS} "
+                f"digits, got {shown!r}",
+            }
+        ],
         "event cursor",
     )
 
@@ -483,6 +548,7 @@ class _Gate:
 
     def __init__(self, app: ASGIApp, *, token: str | None, max_body_bytes: int) -> None:
         self.app = app
+        self.secret = token
         self.token = None if token is None else token.encode()
         self.max_body_bytes = max_body_bytes
 
@@ -530,12 +596,21 @@ class _Gate:
 
     def _refusal(self, scope: Scope, headers: Headers) -> CorralError | None:
         public = scope["method"] in ("GET", "HEAD") and scope["path"] == "/healthz"
-        if self.token is not None and not public:
+        scope.pop(_PRINCIPAL, None)  # only this gate says who is calling
+        if self.secret is not None and self.token is not None and not public:
             scheme, _, given = headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                given.strip().encode(), self.token
-            ):
+            presented = given.strip()
+            if scheme.lower() != "bearer":
                 return UnauthorizedError()
+            if not hmac.compare_digest(presented.encode(), self.token):
+                principal = agent_of_token(self.secret, presented)
+                if principal is None:
+                    return UnauthorizedError()
+                scope[_PRINCIPAL] = principal
+                if scope["path"] == "/mcp" or scope["path"].startswith("/mcp/"):
+                    return OutOfScopeError(
+                        principal, "the MCP endpoint (run `corral mcp` with the agent's token)"
+                    )
         origin = headers.get("origin")
         if origin is not None and not self._origin_allowed(origin, headers.get("host")):
             return ForbiddenOriginError(origin)

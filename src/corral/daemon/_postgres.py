@@ -35,36 +35,19 @@ from psycopg.rows import TupleRow
 from psycopg.types.json import Json
 from psycopg_pool import AsyncConnectionPool
 
-from corral.daemon._errors import DaemonError
+from corral.daemon._errors import StoreUnavailableError
 from corral.daemon._events import Event, NewEvent
 from corral.daemon._sqlite import _dump, _retrieve
 from corral.daemon._state import ReplayError, State, Tx, replay
 from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError, UsageError
 from corral.kernel import _validate as v
 
+__all__ = ["PostgresStore", "StoreUnavailableError"]
+
 _Pool = AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]
 
 # One key for every corral schema: concurrent first opens must not race on CREATE TABLE.
 _SCHEMA_LOCK_KEY = 0x636F7272616C  # "corral"
-
-
-class StoreUnavailableError(DaemonError):
-    """The store's database cannot be reached or dropped the connection (retryable)."""
-
-    code = "store_unavailable"
-    status = 503
-    default_retryable = True
-
-    def __init__(self, store: str, reason: str, sqlstate: str | None = None) -> None:
-        super().__init__(
-            f"the store {store} is unavailable: {reason}; retry once the database answers",
-            store=store,
-            reason=reason,
-            sqlstate=sqlstate,
-        )
-        self.store = store
-        self.reason = reason
-        self.sqlstate = sqlstate
 
 
 class _Statements:

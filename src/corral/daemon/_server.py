@@ -8,6 +8,7 @@ import inspect
 import logging
 import math
 import os
+import re
 import signal
 import socket
 import threading
@@ -33,6 +34,11 @@ from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError, UsageError
 from corral.kernel import _validate as v
 
 _STORE_FORMS = "'sqlite:///PATH', a file path, or 'postgresql://...'"
+# The libpq keywords a connection string is likely to start with.
+_CONNINFO = re.compile(
+    r"^\s*(host|hostaddr|port|dbname|user|password|passfile|service|sslmode|options|"
+    r"connect_timeout|application_name|target_session_attrs)\s*="
+)
 
 
 class TokenRequiredError(DaemonError, UsageError):
@@ -62,8 +68,9 @@ def open_store(url: str, *, clock: Clock = SYSTEM_CLOCK) -> Store:
     """The (not yet opened) store that ``url`` names.
 
     ``sqlite:///relative/path``, ``sqlite:////absolute/path`` or a bare file path give a
-    :class:`SQLiteStore`; ``postgresql://...`` (or ``postgres://``) a ``PostgresStore``.
-    Anything else raises ``InvalidArgumentError``.
+    :class:`SQLiteStore`; ``postgresql://...`` (or ``postgres://``) or a libpq keyword
+    connection string (``host=... dbname=...``, starting with a libpq keyword and ``=``) a
+    ``PostgresStore``. Anything else raises ``InvalidArgumentError``.
     """
     kind, target = _parse_store_url(url)
     if kind == "sqlite":
@@ -78,7 +85,8 @@ def _parse_store_url(url: Any) -> tuple[str, str]:
     where, name = "open_store", "url"
     v.non_empty_str(where, name, url)
     if "://" not in url:
-        return "sqlite", url
+        # "host=db dbname=corral" is PostgreSQL, not a SQLite file of that name.
+        return ("postgresql" if _CONNINFO.match(url) else "sqlite"), url
     scheme = url.split("://", 1)[0].lower()
     if scheme in ("postgresql", "postgres"):
         return "postgresql", url
@@ -90,6 +98,8 @@ def _parse_store_url(url: Any) -> tuple[str, str]:
 
 
 def _redacted(url: str) -> str:
+    if "://" not in url:  # a keyword connection string
+        return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", url)
     parts = urlsplit(url)
     if parts.password is None:
         return url
@@ -169,14 +179,15 @@ async def serve(
     try:
         listen_url, local_url = _urls(sock)
         store = open_store(config.store, clock=clock)
-        await store.open()
         try:
+            await store.open()
             service = AgentService(
                 store,
                 home=config.home,
                 harnesses=_default_harnesses() if harnesses is None else harnesses,
                 url=local_url,
                 clock=clock,
+                token=config.token,
             )
             try:
                 await service.start()

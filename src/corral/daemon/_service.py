@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.daemon import _events as ev
+from corral.daemon._auth import agent_token
 from corral.daemon._errors import (
     AgentBudgetExhaustedError,
     AgentBusyError,
@@ -28,6 +29,7 @@ from corral.daemon._errors import (
     IdempotencyConflictError,
     InvalidSpecError,
     NothingToSendError,
+    ServiceClosedError,
     SpawnRefusedError,
 )
 from corral.daemon._events import Event, NewEvent
@@ -80,6 +82,10 @@ class AgentService:
     :meth:`start` once after the store is open: it settles turns that a previous process left
     in flight (their leftover process is ended, ``agent.turn_interrupted`` is emitted, and the
     turn counts as failed, "daemon restarted during turn").
+
+    ``token`` is the daemon's bearer token, when it has one: each agent's environment then
+    carries ``CORRAL_TOKEN``, a token scoped to the agent and its descendants (see
+    :meth:`in_scope`), next to ``CORRAL_URL``.
     """
 
     def __init__(
@@ -91,9 +97,22 @@ class AgentService:
         url: str = "http://127.0.0.1:4600",
         clock: Clock = SYSTEM_CLOCK,
         subscriber_buffer: int = 10_000,
+        token: str | None = None,
     ) -> None:
-        v.instance_of("AgentService", "store", store, Store)
-        v.positive_int("AgentService", "subscriber_buffer", subscriber_buffer)
+        where = "AgentService"
+        v.instance_of(where, "store", store, Store)
+        v.instance_of(where, "home", home, (str, Path))
+        v.instance_of(where, "harnesses", harnesses, Mapping)
+        for name, harness in harnesses.items():
+            if not isinstance(name, str) or not isinstance(harness, Harness):
+                raise InvalidArgumentError(
+                    where, "harnesses", "a mapping of harness names to Harness objects", harness
+                )
+        v.non_empty_str(where, "url", url)
+        v.instance_of(where, "clock", clock, Clock)
+        v.positive_int(where, "subscriber_buffer", subscriber_buffer)
+        v.non_empty_str(where, "token", token, optional=True)
+        self._token = token
         self.store = store
         self.home = Path(home)
         self.harnesses = dict(harnesses)
@@ -149,6 +168,22 @@ class AgentService:
     def list_agents(self) -> list[Record]:
         return [_public(r) for r in self.store.state.agents.values()]
 
+    def in_scope(self, principal: str, agent_id: str) -> bool:
+        """Whether ``agent_id`` is ``principal`` or one of its descendants (an unknown id is
+        in no one's scope)."""
+        agents = self.store.state.agents
+        current: str | None = agent_id
+        seen: set[str] = set()
+        while current is not None and current not in seen:
+            rec = agents.get(current)
+            if rec is None:
+                return False
+            if current == principal:
+                return True
+            seen.add(current)
+            current = rec["parent"]
+        return False
+
     def inbox(self, agent_id: str) -> list[Record]:
         self.get(agent_id)
         return [n for n in self.store.state.notices.values() if n["to"] == agent_id]
@@ -202,6 +237,8 @@ class AgentService:
                     yield event
                 if len(page) < 1000:
                     break
+            if self._closed:
+                return  # close() has woken the subscribers it knew of; nothing more comes
             while True:
                 event = await sub.queue.get()
                 if sub.overflowed:  # set by _publish or close() while we waited
@@ -222,6 +259,7 @@ class AgentService:
             replayed = self._replay_command(idempotency_key, command)
             if replayed is not None:
                 return replayed
+            self._refuse_if_closed("spawn")
             state = self.store.state
             parent = state.agents.get(spec.parent) if spec.parent else None
             if spec.parent is not None:
@@ -270,6 +308,7 @@ class AgentService:
                 "consecutiveFailures": 0,
                 "retriesUsed": 0,
                 "lastPrompt": None,
+                "lastNotices": [],
                 "lastOutput": None,
                 "lastError": None,
                 "usage": {"tokens": 0, "costUsd": 0.0, "turns": 0, "unpricedTurns": 0},
@@ -277,16 +316,28 @@ class AgentService:
                 "createdAt": now,
                 "updatedAt": now,
             }
+            # A first turn that the budget leaves no room for (maxTurns 0, deadlineS 0, ...)
+            # does not start: the agent is created held, as a prompt would leave it.
+            exhausted = self._budget_exhausted(rec) if spec.prompt else None
+            starts = bool(spec.prompt) and exhausted is None
+            if not starts:
+                rec["state"] = "idle"
             events = [NewEvent(ev.AGENT_CREATED, agent_id, {"agent": rec})]
-            if spec.prompt:
+            created = rec
+            if starts:
+                assert spec.prompt is not None
                 events.append(self._turn_started(agent_id, 1, spec.prompt, retry=False, notices=[]))
+                created = {**rec, "turns": 1, "turnInFlight": 1, "lastPrompt": spec.prompt}
+            elif exhausted is not None:
+                events += self._budget_hold(rec, exhausted)
+                held = {"state": "blocked", "reason": BUDGET_EXHAUSTED, "error": exhausted.message}
+                created = {**rec, **held}
             self._workdir(agent_id).mkdir(parents=True, exist_ok=True)
             self._state_dir(agent_id).mkdir(parents=True, exist_ok=True)
-            first_turn = {"turns": 1, "turnInFlight": 1, "lastPrompt": spec.prompt}
-            created = {**rec, **first_turn} if spec.prompt else rec
             result = CommandResult(201, _public(created))
             await self._commit(events, idempotency_key, command, result)
-            if spec.prompt:
+            if starts:
+                assert spec.prompt is not None
                 self._launch(agent_id, 1, spec.prompt)
             return result
 
@@ -312,6 +363,7 @@ class AgentService:
             replayed = self._replay_command(idempotency_key, command)
             if replayed is not None:
                 return replayed
+            self._refuse_if_closed("prompt")
             rec = self._live(agent_id)
             if rec["state"] == "running":
                 raise AgentBusyError(agent_id)
@@ -360,6 +412,7 @@ class AgentService:
             replayed = self._replay_command(idempotency_key, command)
             if replayed is not None:
                 return replayed
+            self._refuse_if_closed("stop")
             rec = self._live(agent_id)
             task = self._turns.pop(agent_id, None)
             if task is not None:
@@ -495,7 +548,7 @@ class AgentService:
                 self._turn_started(agent_id, next_turn, rec["lastPrompt"], retry=True, notices=[])
             )
             await self._commit(events)
-            self._launch(agent_id, next_turn, rec["lastPrompt"])
+            self._launch(agent_id, next_turn, self._resend_text(rec))
             return next_turn
         if decision.action == "hold":
             assert decision.reason is not None
@@ -509,6 +562,10 @@ class AgentService:
                 )
             )
             events += self._notify(after, "failed", error=error)
+            # An ended agent reads no more notices: the ones waiting for it are dropped.
+            pending = [n["id"] for n in self._pending_notices(agent_id)]
+            if pending:
+                events.append(NewEvent(ev.NOTICES_DROPPED, agent_id, {"ids": pending}))
         await self._commit(events)
         return None
 
@@ -617,6 +674,12 @@ class AgentService:
             },
         )
 
+    def _resend_text(self, rec: Record) -> str:
+        """What a retry sends: the failed turn's prompt with the notices it carried."""
+        notices = self.store.state.notices
+        carried = [notices[i] for i in rec.get("lastNotices", []) if i in notices]
+        return _with_notices(rec["lastPrompt"], carried)
+
     def _pending_notices(self, agent_id: str) -> list[Record]:
         return sorted(
             (
@@ -708,6 +771,12 @@ class AgentService:
 
     # --- helpers ----------------------------------------------------------------------------
 
+    def _refuse_if_closed(self, command: str) -> None:
+        # A command that waited for the lock while close() ran must not start work that
+        # nothing would run: the caller retries against the next daemon.
+        if self._closed:
+            raise ServiceClosedError(command)
+
     def _live(self, agent_id: str) -> Record:
         rec = self.store.state.agents.get(agent_id)
         if rec is None:
@@ -746,6 +815,8 @@ class AgentService:
         }
         if rec["parent"] is not None:
             env["CORRAL_PARENT_ID"] = rec["parent"]
+        if self._token is not None:
+            env["CORRAL_TOKEN"] = agent_token(self._token, rec["id"])
         return env
 
 

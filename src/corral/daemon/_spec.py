@@ -103,6 +103,16 @@ class AgentSpec(_Model):
                 bad(field, f"only for harness {harness!r}, not {self.harness!r}")
         if self.command is not None and any(not part for part in self.command):
             bad("command", "argv entries must be non-empty strings")
+        # What reaches a process's argv or environment cannot hold NUL; names cannot hold '='.
+        if "\0" in self.name:
+            bad("name", "must not contain NUL characters (it is passed in the environment)")
+        if self.command is not None and any("\0" in part for part in self.command):
+            bad("command", "argv entries must not contain NUL characters")
+        for key, value in self.env.items():
+            if not key or "=" in key or "\0" in key:
+                bad(f"env.{key}", "variable names must be non-empty, without '=' or NUL")
+            if "\0" in value:
+                bad(f"env.{key}", "values must not contain NUL characters")
         if self.function is not None and not _FUNCTION_RE.match(self.function):
             bad("function", f"must look like 'package.module:function', got {self.function!r}")
         if self.max_retries is not None and self.on_failure != "retry":

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from corral.daemon._errors import StoreUnavailableError
 from corral.daemon._events import Event, NewEvent
 from corral.daemon._state import State, Tx, replay
 from corral.kernel import SYSTEM_CLOCK, Clock, UsageError
@@ -42,6 +43,10 @@ class SQLiteStore:
     The connection lives on one worker thread, so SQLite calls never block the event loop;
     appends are serialised by an asyncio lock. Journal mode WAL with ``synchronous=FULL``:
     a committed append survives a crash of the process or the machine.
+
+    :meth:`open` raises :class:`StoreUnavailableError` (not retryable) when the file cannot be
+    opened as a database; an append that SQLite refuses for operational reasons (disk full,
+    the file locked past the busy timeout) raises it retryable, having written nothing.
     """
 
     def __init__(self, path: str | Path, *, clock: Clock = SYSTEM_CLOCK) -> None:
@@ -60,16 +65,29 @@ class SQLiteStore:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     async def open(self) -> None:
-        await self._run(self._open)
+        try:
+            await self._run(self._open)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreUnavailableError(
+                f"sqlite:{self.path}", f"{type(exc).__name__}: {exc}", retryable=False
+            ) from exc
 
     def _open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.execute("PRAGMA busy_timeout=5000")
-        conn.executescript(_SCHEMA)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA busy_timeout=5000")
+            conn.executescript(_SCHEMA)
+            state = self._load(conn)
+        except BaseException:
+            conn.close()
+            raise
         self._conn = conn
+        self._state = state
+
+    def _load(self, conn: sqlite3.Connection) -> State:
         state = State()
         for (data,) in conn.execute("SELECT data FROM agents"):
             rec = json.loads(data)
@@ -82,7 +100,7 @@ class SQLiteStore:
             state.commands[key] = json.loads(data)
         (last,) = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
         state.last_seq = last
-        self._state = state
+        return state
 
     async def append(self, events: Sequence[NewEvent]) -> list[Event]:
         if not events:
@@ -102,7 +120,12 @@ class SQLiteStore:
                 event = Event(tx.last_seq + 1, ts, new.type, new.agent_id, new.data)
                 tx.apply(event)
                 written.append(event)
-            await self._run(self._write, written, tx)
+            try:
+                await self._run(self._write, written, tx)
+            except sqlite3.OperationalError as exc:
+                raise StoreUnavailableError(
+                    f"sqlite:{self.path}", f"{type(exc).__name__}: {exc}"
+                ) from exc
             tx.merge()
             return written
 
@@ -132,7 +155,8 @@ class SQLiteStore:
             )
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:  # SQLite may have rolled back by itself already
+                conn.execute("ROLLBACK")
             raise
 
     async def read(

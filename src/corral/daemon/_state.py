@@ -136,7 +136,12 @@ def _turn_started(tx: Tx, event: Event) -> None:
     rec["turnInFlight"] = data["turn"]
     rec["turns"] = data["turn"]
     rec["lastPrompt"] = data["prompt"]
-    rec["retriesUsed"] = rec["retriesUsed"] + 1 if data.get("retry") else 0
+    if data.get("retry"):
+        rec["retriesUsed"] = rec["retriesUsed"] + 1
+    else:
+        rec["retriesUsed"] = 0
+        # A retry re-sends the notices that went in front of the prompt it repeats.
+        rec["lastNotices"] = list(data.get("notices", []))
     rec["updatedAt"] = event.ts
     for notice_id in data.get("notices", []):
         notice = tx.notice(notice_id)

@@ -1,0 +1,35 @@
+"""Bearer tokens scoped to one agent and its descendants.
+
+When the daemon runs with a token, each agent is given its own (``CORRAL_TOKEN`` in its
+environment): ``corral-agent.<agent id>.<mac>``, where the MAC is an HMAC-SHA256 of the agent id
+keyed with the daemon's token. Nothing is stored: the daemon recognises the tokens it would
+issue, so they survive restarts, and changing the daemon's token revokes all of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+PREFIX = "corral-agent."
+_DOMAIN = b"corral agent token v1:"
+
+
+def agent_token(secret: str, agent_id: str) -> str:
+    """The token of ``agent_id`` under the daemon token ``secret``."""
+    mac = hmac.new(secret.encode(), _DOMAIN + agent_id.encode(), hashlib.sha256).hexdigest()
+    return f"{PREFIX}{agent_id}.{mac}"
+
+
+def agent_of_token(secret: str, presented: str) -> str | None:
+    """The agent id ``presented`` is the token of, or None when it is no agent token of
+    ``secret`` (compared in constant time)."""
+    if not presented.startswith(PREFIX):
+        return None
+    agent_id, dot, _ = presented[len(PREFIX) :].rpartition(".")
+    if not dot or not agent_id:
+        return None
+    expected = agent_token(secret, agent_id)
+    if hmac.compare_digest(presented.encode(), expected.encode()):
+        return agent_id
+    return None
