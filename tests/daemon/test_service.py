@@ -795,3 +795,15 @@ async def test_agent_service_refuses_bad_arguments(
         AgentService(args.pop("store", store), **args)
     assert caught.value.where == "AgentService"
     assert caught.value.argument == argument
+
+
+async def test_a_turn_may_not_outlive_the_agents_deadline(env: Env) -> None:
+    agent_id = await env.spawn(name="w", prompt="go", turnTimeoutS=600, budget={"deadlineS": 30})
+    await env.until(agent_id, "idle")
+    (request,) = env.harness.requests
+    assert request.timeout_s <= 30
+    assert request.remaining.deadline_s is not None
+    assert request.timeout_s == pytest.approx(request.remaining.deadline_s)
+    plain = await env.spawn(name="p", prompt="go", turnTimeoutS=42)
+    await env.until(plain, "idle")
+    assert env.harness.requests[-1].timeout_s == 42

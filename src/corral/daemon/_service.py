@@ -462,6 +462,11 @@ class AgentService:
     async def _run_turn(self, agent_id: str, turn: int, prompt: str) -> None:
         rec = self.store.state.agents[agent_id]
         spec = AgentSpec.model_validate(rec["spec"])
+        remaining = self._remaining(rec, spec)
+        timeout_s = spec.turn_timeout_s
+        if remaining.deadline_s is not None:
+            # A turn may not outlive the agent's deadline: it is cut short (a failed turn).
+            timeout_s = max(0.001, min(timeout_s, remaining.deadline_s))
         request = TurnRequest(
             agent_id=agent_id,
             turn=turn,
@@ -470,8 +475,8 @@ class AgentService:
             workdir=self._workdir(agent_id),
             state_dir=self._state_dir(agent_id),
             env=self._agent_env(rec),
-            timeout_s=spec.turn_timeout_s,
-            remaining=self._remaining(rec, spec),
+            timeout_s=timeout_s,
+            remaining=remaining,
         )
         error: str | None = None
         usage: dict[str, Any] | None = None
