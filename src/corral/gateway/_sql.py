@@ -1,0 +1,447 @@
+"""What a SQL request would do, decided before it reaches the database.
+
+:func:`analyze` parses PostgreSQL SQL with libpg_query (through ``postgast``) and either returns
+an :class:`Analysis` or raises :class:`~corral.gateway._errors.GatewayError`, checking in this
+order (the first failure wins):
+
+``parse_error``
+    The parser rejected the text, or it holds no statement. ``details``: ``position``
+    (1-based character offset, as PostgreSQL reports it; None when unknown) and
+    ``parser_message``.
+``multiple_statements``
+    More than one statement, however they are separated or hidden (comments, quoting,
+    trailing statements). ``details``: ``count``.
+``forbidden_statement``
+    Anything but a read (``SELECT``, ``VALUES``, ``TABLE``, with CTEs) or a write
+    (``INSERT``/``UPDATE``/``DELETE``, with ``ON CONFLICT`` and ``RETURNING``): DDL, transaction
+    control, ``COPY``, ``SET``/``RESET``/``SHOW``, ``DO``, ``CALL``, ``LISTEN``/``NOTIFY``,
+    ``LOCK``, maintenance, ``GRANT``, ``PREPARE``/``EXECUTE``, cursors, ``MERGE``, ... Also
+    ``SELECT ... INTO`` (it creates a table), row locks (``FOR UPDATE``/``FOR SHARE``) in a
+    read, and ``EXPLAIN ANALYZE`` of a write (it executes it). ``EXPLAIN`` of a read or
+    write is otherwise a read: without ``ANALYZE`` nothing runs. ``details``: ``statement``.
+``forbidden_function``
+    A call of a function listed in :mod:`corral.gateway._sql_functions`, anywhere in the
+    statement (select list, ``WHERE``, ``FROM``, CTEs, subqueries, casts, ``ORDER BY``, ...),
+    schema-qualified or not, in any letter case. Field-selection syntax, which PostgreSQL
+    turns into a call (``('/etc/passwd'::text).pg_read_file``), counts. ``details``:
+    ``function``, ``position``.
+``unknown_table``
+    A relation neither in the catalog nor a CTE in scope; system catalogs are not in the
+    catalog. ``details``: ``table``, ``suggestions`` (close matches), ``position``.
+``unknown_column``
+    See :mod:`corral.gateway._sql_names`. ``details``: ``column``, ``table`` (None when
+    unqualified over several tables), ``suggestions``, ``position``.
+
+Classification: a statement is a ``write`` when it holds an ``INSERT``, ``UPDATE`` or
+``DELETE`` anywhere (a data-modifying CTE under a ``SELECT`` makes the whole statement a write:
+it then needs an idempotency key and runs in a read-write transaction), or calls ``nextval`` or
+``setval``. Any other volatile function in a read is left to the READ ONLY transaction the
+executor runs reads in.
+
+Results and refusals are cached (LRU) by ``(sql, catalog.version)``: a schema change gives a
+new version, so nothing stale is ever served.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from corral.gateway._catalog import Catalog
+from corral.gateway._errors import GatewayError
+from corral.gateway._sql_functions import forbidden_function_reason
+from corral.gateway._sql_names import Node, Resolver, char_position, filtered, unwrap
+from corral.kernel._validate import instance_of, positive_int
+
+__all__ = ["Analysis", "AnalyzerCacheInfo", "SqlAnalyzer", "analyze"]
+
+# postgast's generated protobuf stub does not parse under mypy, so its modules are loaded
+# untyped. The analysis walks libpg_query's JSON tree (plain dicts walk several times faster
+# than protobuf objects); the canonical text comes from libpg_query's deparser, in C.
+_native: Any = importlib.import_module("postgast.native")
+_errors: Any = importlib.import_module("postgast.errors")
+_LIB = _native.lib
+_check_error: Callable[[Any], None] = _errors.check_error
+PgQueryError: Any = _errors.PgQueryError
+
+_STATEMENT_NAMES = {
+    "VariableShowStmt": "SHOW",
+    "CreateTableAsStmt": "CREATE TABLE AS",
+    "RefreshMatViewStmt": "REFRESH MATERIALIZED VIEW",
+    "SecLabelStmt": "SECURITY LABEL",
+    "CreatedbStmt": "CREATE DATABASE",
+    "DropdbStmt": "DROP DATABASE",
+    "DeclareCursorStmt": "DECLARE",
+    "ClosePortalStmt": "CLOSE",
+    "CheckPointStmt": "CHECKPOINT",
+    "CreateTrigStmt": "CREATE TRIGGER",
+    "CreateSeqStmt": "CREATE SEQUENCE",
+    "IndexStmt": "CREATE INDEX",
+    "ViewStmt": "CREATE VIEW",
+    "CreateStmt": "CREATE TABLE",
+    "RuleStmt": "CREATE RULE",
+    "ConstraintsSetStmt": "SET CONSTRAINTS",
+    "GrantRoleStmt": "GRANT ROLE",
+}
+_TRANSACTION_NAMES = {
+    "START": "START TRANSACTION",
+    "ROLLBACK_TO": "ROLLBACK TO SAVEPOINT",
+    "PREPARE": "PREPARE TRANSACTION",
+}
+_STATEMENTS = ("SelectStmt", "InsertStmt", "UpdateStmt", "DeleteStmt")
+_WRITE_STATEMENTS = frozenset({"InsertStmt", "UpdateStmt", "DeleteStmt"})
+_WRITE_FUNCTIONS = frozenset({"nextval", "setval"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Analysis:
+    """What one statement (``sql``) does.
+
+    ``tables`` are the catalog keys (see ``Catalog.tables``) of every table the statement
+    reads or writes, in order of appearance; ``written`` those it inserts into, updates or
+    deletes from (none for ``EXPLAIN``). ``filtered``: a ``WHERE``, ``HAVING`` or inner-join
+    condition lies on the path that produces the rows (the statement, its ``FROM`` subqueries
+    and CTEs, set-operation arms; not scalar subqueries), so an empty result may be a filter
+    that matched nothing. ``param_count`` is the highest ``$n`` placeholder (0 when none).
+    """
+
+    kind: Literal["read", "write"]
+    statement_type: str
+    tables: tuple[str, ...]
+    written: tuple[str, ...]
+    filtered: bool
+    param_count: int
+    sql: str
+    _normalized: str | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def normalized(self) -> str:
+        """The statement as libpg_query deparses it, for idempotency fingerprints.
+
+        Comments, layout and keyword case are gone; constants and ``$n`` placeholders are
+        kept, so two texts doing the same work normalise alike and two doing different work
+        do not (a constant-stripping normalisation would let different writes share a
+        fingerprint). Worked out on first use (reads rarely need it), then kept.
+        """
+        normalized = self._normalized
+        if normalized is None:
+            normalized = _deparse(self.sql)
+            object.__setattr__(self, "_normalized", normalized)
+        return normalized
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AnalyzerCacheInfo:
+    hits: int
+    misses: int
+    size: int
+    maxsize: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Refusal:
+    code: str
+    message: str
+    details: dict[str, Any]
+
+
+class SqlAnalyzer:
+    """:func:`analyze` with its own LRU cache of ``cache_size`` entries (refusals included).
+
+    Thread-safe. ``cache_size`` must be a positive integer (``InvalidArgumentError``).
+    """
+
+    def __init__(self, *, cache_size: int = 1024) -> None:
+        positive_int("SqlAnalyzer", "cache_size", cache_size)
+        self._maxsize = cache_size
+        self._cache: OrderedDict[tuple[str, str], Analysis | _Refusal] = OrderedDict()
+        self._lock = threading.Lock()
+        self._hits = 0
+        self._misses = 0
+
+    def analyze(self, sql: str, catalog: Catalog) -> Analysis:
+        """See :func:`analyze`."""
+        instance_of("SqlAnalyzer.analyze", "sql", sql, str)
+        instance_of("SqlAnalyzer.analyze", "catalog", catalog, Catalog)
+        key = (sql, catalog.version)
+        with self._lock:
+            entry = self._cache.get(key)
+            if entry is not None:
+                self._cache.move_to_end(key)
+                self._hits += 1
+            else:
+                self._misses += 1
+        if entry is None:
+            try:
+                entry = _analyze(sql, catalog)
+            except GatewayError as exc:
+                entry = _Refusal(exc.code, exc.message, dict(exc.details))
+            with self._lock:
+                self._cache[key] = entry
+                while len(self._cache) > self._maxsize:
+                    self._cache.popitem(last=False)
+        if isinstance(entry, _Refusal):
+            raise GatewayError(entry.code, entry.message, **entry.details)
+        return entry
+
+    def cache_info(self) -> AnalyzerCacheInfo:
+        with self._lock:
+            return AnalyzerCacheInfo(
+                hits=self._hits, misses=self._misses, size=len(self._cache), maxsize=self._maxsize
+            )
+
+    def clear(self) -> None:
+        """Empty the cache and reset the counters."""
+        with self._lock:
+            self._cache.clear()
+            self._hits = self._misses = 0
+
+
+_DEFAULT_ANALYZER = SqlAnalyzer()
+
+
+def analyze(sql: str, catalog: Catalog) -> Analysis:
+    """Analyse one PostgreSQL statement against ``catalog`` (see the module docstring).
+
+    Raises ``GatewayError`` (codes above) for a refused statement, ``InvalidArgumentError``
+    when ``sql`` is not a ``str`` or ``catalog`` not a ``Catalog``. Pure, and cached in one
+    process-wide :class:`SqlAnalyzer`: the same text and catalog version give the same answer.
+    """
+    return _DEFAULT_ANALYZER.analyze(sql, catalog)
+
+
+# --- the analysis -----------------------------------------------------------------------------
+
+
+def _parse(sql: str) -> list[Node]:
+    try:
+        result = _LIB.pg_query_parse(sql.encode("utf-8"))
+        try:
+            _check_error(result)
+            tree = json.loads(result.parse_tree)
+        finally:
+            _LIB.pg_query_free_parse_result(result)
+    except PgQueryError as exc:
+        # libpg_query reports this position in characters already (node locations are bytes).
+        position = exc.cursorpos if exc.cursorpos > 0 else None
+        where = f" at position {position}" if position is not None else ""
+        raise GatewayError(
+            "parse_error",
+            f"SQL does not parse: {exc.message}{where}",
+            position=position,
+            parser_message=exc.message,
+        ) from None
+    statements: list[Node] = tree.get("stmts", [])
+    return statements
+
+
+def _deparse(sql: str) -> str:
+    try:
+        parsed = _LIB.pg_query_parse_protobuf(sql.encode("utf-8"))
+        try:
+            _check_error(parsed)
+            result = _LIB.pg_query_deparse_protobuf(parsed.parse_tree)
+            try:
+                _check_error(result)
+                text: bytes = result.query
+                return text.decode("utf-8")
+            finally:
+                _LIB.pg_query_free_deparse_result(result)
+        finally:
+            _LIB.pg_query_free_protobuf_parse_result(parsed)
+    except PgQueryError:  # pragma: no cover - what parses also deparses
+        return " ".join(sql.split())
+
+
+def _analyze(sql: str, catalog: Catalog) -> Analysis:
+    statements = _parse(sql)
+    if not statements:
+        raise GatewayError(
+            "parse_error",
+            "SQL holds no statement (only whitespace, comments or semicolons)",
+            position=None,
+            parser_message="empty statement",
+        )
+    if len(statements) > 1:
+        raise GatewayError(
+            "multiple_statements",
+            f"one statement per request; this SQL holds {len(statements)}",
+            count=len(statements),
+        )
+    kind, stmt = unwrap(statements[0].get("stmt"))
+    statement_type = shown = _statement_type(kind, stmt)
+    inner_kind, inner = kind, stmt
+    explain_analyze = False
+    if kind == "ExplainStmt":
+        inner_kind, inner = unwrap(stmt.get("query"))
+        explain_analyze = _explain_analyzes(stmt)
+        shown = f"EXPLAIN {_statement_type(inner_kind, inner)}"
+    if inner_kind not in _STATEMENTS:
+        raise GatewayError(
+            "forbidden_statement",
+            f"{shown} statements are not allowed through the gateway; only SELECT, VALUES, "
+            "TABLE (with CTEs), INSERT, UPDATE and DELETE are",
+            statement=shown,
+        )
+
+    scan = _Scan(sql, catalog)
+    scan.run({inner_kind: inner})
+    kind_of: Literal["read", "write"] = "write" if scan.writes else "read"
+    if kind_of == "read" and scan.locking:
+        raise GatewayError(
+            "forbidden_statement",
+            "SELECT ... FOR UPDATE/SHARE takes row locks, which a read (run in a READ ONLY "
+            "transaction) cannot take",
+            statement="SELECT FOR UPDATE",
+        )
+    if explain_analyze and kind_of == "write":
+        raise GatewayError(
+            "forbidden_statement",
+            "EXPLAIN ANALYZE executes the statement it explains, and this one writes",
+            statement="EXPLAIN ANALYZE",
+        )
+
+    resolver = Resolver(sql, catalog)
+    resolver.statement(inner_kind, inner)
+    written = tuple(resolver.written)
+    if kind == "ExplainStmt":
+        # Nothing runs without ANALYZE, and ANALYZE of a write was refused above.
+        kind_of, written, is_filtered = "read", (), False
+    else:
+        is_filtered = filtered(inner_kind, inner)
+    return Analysis(
+        kind=kind_of,
+        statement_type=statement_type,
+        tables=tuple(resolver.tables),
+        written=written,
+        filtered=is_filtered,
+        param_count=scan.param_count,
+        sql=sql,
+    )
+
+
+def _statement_type(kind: str, stmt: Node) -> str:
+    if kind == "SelectStmt":
+        return "VALUES" if "valuesLists" in stmt else "SELECT"
+    if kind == "TransactionStmt":
+        name = str(stmt.get("kind", "")).removeprefix("TRANS_STMT_")
+        return _TRANSACTION_NAMES.get(name, name.replace("_", " "))
+    if kind == "VariableSetStmt":
+        if stmt.get("kind") in ("VAR_RESET", "VAR_RESET_ALL"):
+            return "RESET"
+        return "SET TRANSACTION" if stmt.get("name", "").upper() == "TRANSACTION" else "SET"
+    if kind == "VacuumStmt":
+        return "VACUUM" if stmt.get("is_vacuumcmd") else "ANALYZE"
+    if kind == "GrantStmt":
+        return "GRANT" if stmt.get("is_grant") else "REVOKE"
+    if kind in _STATEMENT_NAMES:
+        return _STATEMENT_NAMES[kind]
+    return re.sub(r"(?<=[a-z])(?=[A-Z])", " ", kind.removesuffix("Stmt")).upper()
+
+
+def _explain_analyzes(stmt: Node) -> bool:
+    for option in stmt.get("options", ()):
+        elem = option.get("DefElem", {})
+        if elem.get("defname", "").lower() != "analyze":
+            continue
+        kind, value = unwrap(elem.get("arg"))
+        if kind == "String":
+            return str(value.get("sval", "")).lower() not in ("false", "off", "0", "no")
+        if kind == "Boolean":
+            return bool(value.get("boolval", False))
+        if kind == "Integer":
+            return bool(value.get("ival", 0))
+        return True
+    return False
+
+
+class _Scan:
+    """One pass over every node: functions, writes, row locks, SELECT INTO, placeholders."""
+
+    def __init__(self, sql: str, catalog: Catalog) -> None:
+        self.sql = sql
+        self.dialect = catalog.dialect
+        self.writes = False
+        self.locking = False
+        self.param_count = 0
+
+    def run(self, root: Node) -> None:
+        stack: list[Any] = [root]
+        handlers = _SCAN_HANDLERS
+        while stack:
+            node = stack.pop()
+            if type(node) is list:
+                stack.extend(node)
+                continue
+            for key, value in node.items():
+                handler = handlers.get(key)
+                if handler is not None:
+                    handler(self, value)
+                if type(value) is dict or type(value) is list:
+                    stack.append(value)
+
+    def function_call(self, node: Node) -> None:
+        names = [n["String"].get("sval", "") for n in node.get("funcname", ()) if "String" in n]
+        self.check_function(names, len(node.get("args", ())), node.get("location", 0))
+
+    def indirection(self, node: Node) -> None:
+        _, arg = unwrap(node.get("arg"))
+        for item in node.get("indirection", ()):
+            if "String" in item:
+                self.check_function([item["String"].get("sval", "")], 1, arg.get("location", 0))
+
+    def check_function(self, names: list[str], arity: int, location: int) -> None:
+        if not names:
+            return
+        reason = forbidden_function_reason(names[-1], self.dialect, arity)
+        if reason is not None:
+            shown = ".".join(names)
+            raise GatewayError(
+                "forbidden_function",
+                f"function {shown} is not allowed through the gateway: {reason}",
+                function=shown,
+                position=char_position(self.sql, location),
+            )
+        if names[-1].lower() in _WRITE_FUNCTIONS:
+            self.writes = True
+
+    def param(self, node: Node) -> None:
+        self.param_count = max(self.param_count, int(node.get("number", 0)))
+
+    def write(self, node: Node) -> None:
+        self.writes = True
+
+    def merge(self, node: Node) -> None:
+        raise GatewayError(
+            "forbidden_statement",
+            "MERGE is not allowed through the gateway; use INSERT ... ON CONFLICT, UPDATE or "
+            "DELETE",
+            statement="MERGE",
+        )
+
+    def into(self, node: Node) -> None:
+        raise GatewayError(
+            "forbidden_statement",
+            "SELECT ... INTO creates a table, which the gateway does not allow",
+            statement="SELECT INTO",
+        )
+
+    def lock(self, node: Node) -> None:
+        self.locking = True
+
+
+_SCAN_HANDLERS: dict[str, Callable[[_Scan, Any], None]] = {
+    "FuncCall": _Scan.function_call,
+    "A_Indirection": _Scan.indirection,
+    "ParamRef": _Scan.param,
+    **dict.fromkeys(_WRITE_STATEMENTS, _Scan.write),
+    "MergeStmt": _Scan.merge,
+    "intoClause": _Scan.into,
+    "lockingClause": _Scan.lock,
+}

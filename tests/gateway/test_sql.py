@@ -1,0 +1,682 @@
+"""SQL analysis: refusals with their codes, classification, the two corpora, the cache."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from corral.gateway._catalog import Catalog, Column, Table
+from corral.gateway._catalog_load import load_postgres_catalog, load_sqlite_catalog
+from corral.gateway._errors import GatewayError
+from corral.gateway._sql import Analysis, SqlAnalyzer, analyze
+from corral.gateway._sql_functions import (
+    FORBIDDEN_FUNCTION_PREFIXES,
+    FORBIDDEN_FUNCTIONS,
+    forbidden_function_reason,
+)
+from corral.kernel import InvalidArgumentError
+from tests.gateway.corpus import ESCAPES, VALID_READS, load_shop_postgres, load_shop_sqlite
+
+
+def _table(name: str, *columns: tuple[str, str, bool, bool], schema: str = "public") -> Table:
+    return Table(name, schema, {c[0]: Column(*c) for c in columns})
+
+
+def shop_catalog(version: str = "shop-v1") -> Catalog:
+    """The shop of tests/gateway/corpus.py, in memory (checked against PostgreSQL below)."""
+    tables = [
+        _table(
+            "customer_revenue",
+            ("customer_id", "integer", True, False),
+            ("name", "text", True, False),
+            ("revenue", "numeric", True, False),
+        ),
+        _table(
+            "customers",
+            ("id", "integer", False, True),
+            ("name", "text", False, False),
+            ("email", "text", False, False),
+            ("country", "text", False, False),
+            ("tags", "text[]", False, False),
+            ("created_at", "timestamp with time zone", False, False),
+        ),
+        _table(
+            "order_items",
+            ("order_id", "integer", False, True),
+            ("product_id", "integer", False, True),
+            ("quantity", "integer", False, False),
+            ("unit_price", "numeric(10,2)", False, False),
+        ),
+        _table(
+            "orders",
+            ("id", "integer", False, True),
+            ("customer_id", "integer", False, False),
+            ("status", "text", False, False),
+            ("total", "numeric(10,2)", False, False),
+            ("created_at", "timestamp with time zone", False, False),
+            ("meta", "jsonb", True, False),
+        ),
+        _table(
+            "products",
+            ("id", "integer", False, True),
+            ("sku", "text", False, False),
+            ("name", "text", False, False),
+            ("category", "text", False, False),
+            ("price", "numeric(10,2)", False, False),
+            ("attrs", "jsonb", False, False),
+        ),
+    ]
+    return Catalog({t.name: t for t in tables}, version, "postgresql")
+
+
+SHOP = shop_catalog()
+
+
+def refused(sql: str, catalog: Catalog = SHOP) -> GatewayError:
+    with pytest.raises(GatewayError) as info:
+        analyze(sql, catalog)
+    return info.value
+
+
+# --- the corpora, in memory --------------------------------------------------------------------
+
+
+def test_corpora_are_large_enough() -> None:
+    assert len(ESCAPES) >= 35
+    assert len(VALID_READS) >= 35
+    assert len({e.sql for e in ESCAPES}) == len(ESCAPES)
+    assert len({r.sql for r in VALID_READS}) == len(VALID_READS)
+
+
+@pytest.mark.parametrize("escape", ESCAPES, ids=[e.note for e in ESCAPES])
+def test_escape_is_refused_with_its_code_or_classified_as_a_write(escape: Any) -> None:
+    if escape.expect == "write":
+        assert analyze(escape.sql, SHOP).kind == "write"
+    else:
+        assert refused(escape.sql).code == escape.expect
+
+
+@pytest.mark.parametrize("read", VALID_READS, ids=range(len(VALID_READS)))
+def test_valid_read_passes_as_a_read_of_its_tables(read: Any) -> None:
+    result = analyze(read.sql, SHOP)
+    assert result.kind == "read"
+    assert set(result.tables) == read.tables
+    assert result.written == ()
+    assert result.param_count == len(read.params)
+
+
+# --- the corpora against PostgreSQL ------------------------------------------------------------
+
+
+@pytest.fixture
+def shop_dsn(postgres_dsn: str) -> str:
+    with psycopg.connect(postgres_dsn) as conn:
+        load_shop_postgres(conn)
+    return postgres_dsn
+
+
+async def _load(dsn: str) -> Catalog:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        return await load_postgres_catalog(conn)
+
+
+def _counts(conn: psycopg.Connection[Any]) -> dict[str, int]:
+    return {
+        t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]  # type: ignore[index]
+        for t in ("customers", "products", "orders", "order_items")
+    } | {"seq": conn.execute("SELECT last_value FROM invoice_numbers").fetchone()[0]}  # type: ignore[index]
+
+
+@pytest.mark.postgres
+async def test_corpora_against_the_catalog_loaded_from_postgres(shop_dsn: str) -> None:
+    catalog = await _load(shop_dsn)
+    # The in-memory shop is the same description as the real one.
+    assert {k: (t.schema, dict(t.columns)) for k, t in catalog.tables.items()} == {
+        k: (t.schema, dict(t.columns)) for k, t in SHOP.tables.items()
+    }
+    analyzer = SqlAnalyzer()
+    wrong: list[tuple[str, str, object]] = []
+    for escape in ESCAPES:
+        try:
+            outcome: str = analyzer.analyze(escape.sql, catalog).kind
+        except GatewayError as exc:
+            outcome = exc.code
+        if outcome != escape.expect:
+            wrong.append((escape.sql, escape.expect, outcome))
+    for read in VALID_READS:
+        try:
+            result = analyzer.analyze(read.sql, catalog)
+        except GatewayError as exc:
+            wrong.append((read.sql, "read", exc.code))
+            continue
+        if result.kind != "read" or set(result.tables) != read.tables:
+            wrong.append((read.sql, "read", result))
+    assert wrong == []
+
+
+@pytest.mark.postgres
+def test_every_valid_read_runs_read_only_on_postgres(shop_dsn: str) -> None:
+    """The corpus is real SQL: each read runs in a READ ONLY transaction and changes nothing."""
+    with psycopg.connect(shop_dsn) as conn:
+        before = _counts(conn)
+        conn.rollback()
+        failures = []
+        for read in VALID_READS:
+            try:
+                with conn.transaction(), psycopg.RawCursor(conn) as cur:
+                    cur.execute("SET TRANSACTION READ ONLY")
+                    cur.execute(read.sql, read.params or None)
+                    cur.fetchall()
+            except psycopg.Error as exc:
+                failures.append((read.sql, str(exc)))
+        assert failures == []
+        assert _counts(conn) == before
+
+
+@pytest.mark.postgres
+def test_escapes_classified_as_writes_fail_in_a_read_only_transaction(shop_dsn: str) -> None:
+    with psycopg.connect(shop_dsn) as conn:
+        before = _counts(conn)
+        conn.rollback()
+        writes = [e for e in ESCAPES if e.expect == "write"]
+        assert len(writes) >= 4
+        for escape in writes:
+            with conn.transaction():
+                conn.execute("SET TRANSACTION READ ONLY")
+                with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+                    conn.execute(escape.sql)
+        assert _counts(conn) == before
+
+
+# --- parse_error and multiple_statements -------------------------------------------------------
+
+
+def test_parse_error_carries_the_parser_message_and_position() -> None:
+    error = refused("SELECT * FORM orders")
+    assert error.code == "parse_error"
+    assert error.details["position"] == 10
+    assert error.details["parser_message"] == 'syntax error at or near "FORM"'
+    assert "at position 10" in error.message
+    assert error.status == 400
+    assert error.retryable is False
+
+
+def test_parse_error_position_counts_characters_not_bytes() -> None:
+    error = refused("SELECT 'éé' AS x FORM orders")
+    assert error.details["position"] == 18
+    assert error.details["parser_message"] == 'syntax error at or near "FORM"'
+    located = refused("SELECT 'éé' FROM ordrs")  # node locations are bytes: converted
+    assert located.details["position"] == 18
+
+
+@pytest.mark.parametrize("sql", ["", "   ", "-- nothing", "/* x */ ;", ";;"])
+def test_no_statement_is_a_parse_error(sql: str) -> None:
+    error = refused(sql)
+    assert error.code == "parse_error"
+    assert "holds no statement" in error.message
+
+
+@pytest.mark.parametrize(
+    ("sql", "count"),
+    [
+        ("SELECT 1; SELECT 2", 2),
+        ("SELECT 1;SELECT 2;SELECT 3;", 3),
+        ("SELECT 'a;b'; SELECT 2", 2),
+    ],
+)
+def test_multiple_statements_are_counted(sql: str, count: int) -> None:
+    error = refused(sql)
+    assert error.code == "multiple_statements"
+    assert error.details == {"count": count}
+    assert str(count) in error.message
+
+
+@pytest.mark.parametrize("sql", ["SELECT 1;", "SELECT 1 ; ;", "SELECT ';' AS x", "SELECT 1 -- ;"])
+def test_one_statement_with_semicolons_in_text_or_at_the_end_passes(sql: str) -> None:
+    assert analyze(sql, SHOP).kind == "read"
+
+
+# --- forbidden_statement -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sql", "statement"),
+    [
+        ("COPY orders TO STDOUT", "COPY"),
+        ("BEGIN", "BEGIN"),
+        ("START TRANSACTION", "START TRANSACTION"),
+        ("ROLLBACK TO SAVEPOINT s", "ROLLBACK TO SAVEPOINT"),
+        ("COMMIT", "COMMIT"),
+        ("SET TRANSACTION READ WRITE", "SET TRANSACTION"),
+        ("SET search_path = evil", "SET"),
+        ("RESET search_path", "RESET"),
+        ("SHOW data_directory", "SHOW"),
+        ("CREATE TABLE x (id int)", "CREATE TABLE"),
+        ("CREATE TABLE x AS SELECT 1", "CREATE TABLE AS"),
+        ("REFRESH MATERIALIZED VIEW customer_revenue", "REFRESH MATERIALIZED VIEW"),
+        ("DO $$ BEGIN END $$", "DO"),
+        ("CALL p()", "CALL"),
+        ("LISTEN x", "LISTEN"),
+        ("UNLISTEN *", "UNLISTEN"),
+        ("CLUSTER orders", "CLUSTER"),
+        ("REINDEX TABLE orders", "REINDEX"),
+        ("REVOKE ALL ON orders FROM PUBLIC", "REVOKE"),
+        ("GRANT SELECT ON orders TO PUBLIC", "GRANT"),
+        ("VACUUM orders", "VACUUM"),
+        ("ANALYZE orders", "ANALYZE"),
+        ("FETCH ALL FROM c", "FETCH"),
+        ("EXPLAIN CREATE TABLE x AS SELECT 1", "EXPLAIN CREATE TABLE AS"),
+        ("EXPLAIN ANALYZE DELETE FROM orders", "EXPLAIN ANALYZE"),
+        ("SELECT 1 INTO t", "SELECT INTO"),
+        ("SELECT * FROM orders FOR SHARE", "SELECT FOR UPDATE"),
+        ("MERGE INTO orders USING customers ON false WHEN MATCHED THEN DELETE", "MERGE"),
+        (
+            "WITH m AS (MERGE INTO orders USING customers ON false WHEN MATCHED THEN DELETE) "
+            "SELECT 1",
+            "MERGE",
+        ),
+    ],
+)
+def test_forbidden_statement_names_the_statement(sql: str, statement: str) -> None:
+    error = refused(sql)
+    assert error.code == "forbidden_statement"
+    assert error.details["statement"] == statement
+    assert statement.split()[0] in error.message
+
+
+def test_explain_of_a_read_or_of_an_unexecuted_write_is_a_read() -> None:
+    assert analyze("EXPLAIN ANALYZE SELECT * FROM orders", SHOP).kind == "read"
+    plain = analyze("EXPLAIN DELETE FROM orders WHERE id = 1", SHOP)
+    assert (plain.kind, plain.written, plain.statement_type) == ("read", (), "EXPLAIN")
+    for option in ("false", "off", "0"):
+        off = analyze(f"EXPLAIN (ANALYZE {option}) DELETE FROM orders", SHOP)
+        assert off.kind == "read", option
+    for option in ("", " true", " on", " 1"):
+        error = refused(f"EXPLAIN (ANALYZE{option}, BUFFERS) DELETE FROM orders")
+        assert error.details["statement"] == "EXPLAIN ANALYZE", option
+
+
+def test_row_locks_are_allowed_in_a_write() -> None:
+    result = analyze(
+        "UPDATE orders SET status = 'x' WHERE id IN (SELECT id FROM orders FOR UPDATE)", SHOP
+    )
+    assert result.kind == "write"
+
+
+# --- forbidden_function ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sql", "function"),
+    [
+        ("SELECT pg_read_file('/etc/passwd')", "pg_read_file"),
+        ("SELECT PG_CATALOG.Pg_Read_File('/x')", "pg_catalog.pg_read_file"),
+        ("SELECT * FROM orders WHERE id = pg_sleep(1)::int", "pg_sleep"),
+        ("SELECT * FROM lo_import('/etc/passwd') AS x", "lo_import"),
+        ("WITH c AS (SELECT dblink_connect('x')) SELECT * FROM c", "dblink_connect"),
+        ("SELECT (SELECT pg_advisory_lock(1))", "pg_advisory_lock"),
+        ("SELECT count(*) OVER (ORDER BY pg_sleep_for('1s')) FROM orders", "pg_sleep_for"),
+        ("SELECT f(x => pg_ls_waldir()) ", "pg_ls_waldir"),
+        ("SELECT ts_rewrite('a'::tsquery, 'SELECT 1')", "ts_rewrite"),
+        ("SELECT ('x'::text).pg_read_file", "pg_read_file"),
+        ("SELECT o.pg_sleep FROM generate_series(1, 2) o", "pg_sleep"),
+        ("INSERT INTO orders (id) VALUES (lo_creat(-1))", "lo_creat"),
+        ("UPDATE orders SET status = set_config('a', 'b', true)", "set_config"),
+    ],
+)
+def test_forbidden_function_names_the_function_and_its_position(sql: str, function: str) -> None:
+    error = refused(sql)
+    assert error.code == "forbidden_function"
+    assert error.details["function"].lower() == function
+    assert f"function {error.details['function']} is not allowed" in error.message
+    position = error.details["position"]
+    bare = function.rsplit(".", 1)[-1]
+    assert bare in sql[position - 1 :].lower()
+
+
+def test_the_forbidden_lists_are_what_the_reason_function_applies() -> None:
+    for name in FORBIDDEN_FUNCTIONS:
+        assert forbidden_function_reason(name) == FORBIDDEN_FUNCTIONS[name]
+        assert forbidden_function_reason(f"pg_catalog.{name.upper()}") is not None
+    for prefix in FORBIDDEN_FUNCTION_PREFIXES:
+        assert forbidden_function_reason(prefix + "anything") is not None
+    for name in ("lower", "log", "now", "pg_size_pretty", "jsonb_each", "similarity", "setval"):
+        assert forbidden_function_reason(name) is None
+    assert forbidden_function_reason("readfile") is None
+    assert forbidden_function_reason("readfile", "sqlite") is not None
+
+
+def test_functions_with_lookalike_names_and_pure_forms_pass() -> None:
+    assert analyze("SELECT ts_rewrite('a'::tsquery, 'a'::tsquery, 'b'::tsquery)", SHOP)
+    assert analyze("SELECT lower(name), log(2, 8), pg_size_pretty(1024) FROM customers", SHOP)
+    # columns whose names look like forbidden functions are columns, not calls
+    sub = "SELECT s.lo_price, s.http_code FROM (SELECT 1 AS lo_price, 2 AS http_code) s"
+    assert analyze(sub, SHOP).kind == "read"
+
+
+def test_nextval_and_setval_make_a_read_a_write() -> None:
+    assert analyze("SELECT currval('invoice_numbers')", SHOP).kind == "read"
+    assert analyze("SELECT id, nextval('invoice_numbers') FROM orders", SHOP).kind == "write"
+
+
+# --- unknown_table and unknown_column ----------------------------------------------------------
+
+
+def test_unknown_table_suggests_close_matches() -> None:
+    error = refused("SELECT * FROM ordrs WHERE id = 1")
+    assert error.code == "unknown_table"
+    assert error.details == {
+        "table": "ordrs",
+        "suggestions": ["orders", "order_items"],
+        "position": 15,
+    }
+    assert "'ordrs'" in error.message
+    assert "did you mean orders, order_items?" in error.message
+
+
+def test_unknown_table_in_every_position() -> None:
+    for sql in (
+        "SELECT (SELECT count(*) FROM custmers)",
+        "SELECT * FROM orders WHERE EXISTS (SELECT 1 FROM order_item)",
+        "WITH x AS (SELECT * FROM prodcts) SELECT * FROM x",
+        "INSERT INTO ordr (id) VALUES (1)",
+        "DELETE FROM orders USING custmers c WHERE c.id = orders.customer_id",
+        "SELECT * FROM other.orders",
+    ):
+        assert refused(sql).code == "unknown_table", sql
+
+
+def test_qualified_names_ctes_and_shadowing_resolve() -> None:
+    assert analyze("SELECT * FROM public.orders", SHOP).tables == ("orders",)
+    cte = analyze("WITH orders AS (SELECT 1 AS n) SELECT n FROM orders", SHOP)
+    assert cte.tables == ()
+    nested = analyze("WITH a AS (SELECT id FROM orders) SELECT * FROM (SELECT id FROM a) b", SHOP)
+    assert nested.tables == ("orders",)
+
+
+def test_unknown_qualified_column_names_the_table_and_suggests() -> None:
+    error = refused("SELECT o.totl FROM orders o WHERE o.id = 1")
+    assert error.code == "unknown_column"
+    assert error.details == {
+        "column": "totl",
+        "table": "orders",
+        "suggestions": ["total"],
+        "position": 8,
+    }
+    assert "did you mean total" in error.message
+
+
+def test_unknown_unqualified_column_over_one_or_several_tables() -> None:
+    one = refused("SELECT id FROM orders WHERE stauts = 'paid'")
+    assert (one.details["table"], one.details["suggestions"]) == ("orders", ["status"])
+    several = refused("SELECT nme FROM orders o JOIN customers c ON c.id = o.customer_id")
+    assert several.details["table"] is None
+    assert several.details["suggestions"] == ["name"]
+
+
+@pytest.mark.parametrize(
+    ("sql", "column"),
+    [
+        ("INSERT INTO orders (id, totl) VALUES (1, 2)", "totl"),
+        ("UPDATE orders SET stat = 'x' WHERE id = 1", "stat"),
+        ("UPDATE orders SET status = 'x' WHERE idd = 1", "idd"),
+        ("DELETE FROM orders WHERE custmer_id = 1", "custmer_id"),
+        ("INSERT INTO orders (id) VALUES (1) ON CONFLICT (idd) DO NOTHING", "idd"),
+        (
+            "INSERT INTO orders (id) VALUES (1) ON CONFLICT (id) DO UPDATE SET totl = 1",
+            "totl",
+        ),
+        (
+            "INSERT INTO orders (id) VALUES (1) ON CONFLICT (id) "
+            "DO UPDATE SET total = excluded.totl",
+            "totl",
+        ),
+        ("DELETE FROM orders WHERE id = 1 RETURNING totl", "totl"),
+        ("WITH x AS (SELECT id FROM orders) SELECT x.total FROM x", "total"),
+        ("SELECT v.c FROM (VALUES (1, 2)) AS v(a, b)", "c"),
+        ("SELECT s.total FROM (SELECT id FROM orders) s", "total"),
+        ("SELECT total AS t FROM orders WHERE t > 1", "t"),
+        ("SELECT * FROM orders JOIN customers USING (customer)", "customer"),
+        ("SELECT * FROM orders o WHERE EXISTS (SELECT 1 FROM customers c WHERE c.x = o.id)", "x"),
+        ("SELECT name FROM customers UNION SELECT name FROM products ORDER BY nme", "nme"),
+    ],
+)
+def test_unknown_column_in_every_position(sql: str, column: str) -> None:
+    error = refused(sql)
+    assert error.code == "unknown_column", error.message
+    assert error.details["column"] == column
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT total * 2 AS doubled FROM orders ORDER BY doubled",
+        "SELECT status AS s, count(*) FROM orders GROUP BY s",
+        "SELECT g, g.x FROM generate_series(1, 3) AS g(x)",
+        "SELECT n FROM generate_series(1, 3) n",
+        "SELECT generate_series FROM generate_series(1, 3)",
+        "SELECT x, y FROM orders, LATERAL some_extension_fn(orders.id) AS f",
+        "SELECT o FROM orders o",
+        "SELECT o.*, ctid, o.xmin FROM orders o",
+        "SELECT * FROM orders o WHERE o.id IN (SELECT customer_id FROM customers c "
+        "WHERE c.id = o.customer_id)",
+        "INSERT INTO orders AS o (id, status) VALUES (1, 'x') ON CONFLICT (id) "
+        "DO UPDATE SET status = excluded.status WHERE o.total > 0 RETURNING o.id, old.status",
+        "UPDATE orders o SET total = c.id FROM customers c WHERE c.id = o.customer_id "
+        "RETURNING c.name, o.total",
+        "WITH t(a, b) AS (SELECT id, total FROM orders) SELECT a, b FROM t",
+        "SELECT (SELECT max(total) FROM orders) AS m",
+        "SELECT sub.max, sub.case, sub.coalesce, sub.exists, sub.int4 FROM (SELECT max(id), "
+        "CASE WHEN true THEN 1 END, coalesce(null, 1), EXISTS (SELECT 1), 1::int4 "
+        "FROM orders) sub",
+        'SELECT s."?column?" FROM (SELECT (SELECT 1)::text) s',
+        "SELECT j.ordinality, j.value FROM jsonb_array_elements('[1]') WITH ORDINALITY j",
+        "SELECT jt.a FROM JSON_TABLE('[1]'::jsonb, '$[*]' COLUMNS (a int PATH '$')) jt",
+        "SELECT * FROM (orders JOIN customers USING (id)) AS j WHERE j.status = 'x'",
+        "SELECT x.id FROM orders JOIN customers USING (id) AS x",
+        "DELETE FROM orders WHERE id = 1 RETURNING WITH (OLD AS before) before.total",
+        "WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM t WHERE n < 3) "
+        "SEARCH DEPTH FIRST BY n SET ord CYCLE n SET seen USING path "
+        "SELECT t.n, ord, seen, path FROM t ORDER BY ord",
+    ],
+)
+def test_names_that_are_not_catalog_columns_are_not_flagged(sql: str) -> None:
+    assert analyze(sql, SHOP).kind in ("read", "write")
+
+
+# --- classification, filtered, normalized, params ----------------------------------------------
+
+
+def test_writes_report_their_target_and_statement_type() -> None:
+    insert = analyze(
+        "INSERT INTO orders (id, customer_id, status, total, created_at) "
+        "SELECT 100, id, 'open', 0, now() FROM customers WHERE country = $1 "
+        "ON CONFLICT (id) DO UPDATE SET status = excluded.status RETURNING id",
+        SHOP,
+    )
+    assert (insert.kind, insert.statement_type) == ("write", "INSERT")
+    assert (insert.tables, insert.written) == (("orders", "customers"), ("orders",))
+    assert insert.param_count == 1
+    update = analyze(
+        "UPDATE orders o SET status = 'vip' FROM customers c WHERE c.id = o.customer_id", SHOP
+    )
+    assert (update.statement_type, update.written) == ("UPDATE", ("orders",))
+    assert set(update.tables) == {"orders", "customers"}
+    hidden = analyze("WITH d AS (DELETE FROM orders RETURNING id) SELECT count(*) FROM d", SHOP)
+    assert (hidden.kind, hidden.statement_type, hidden.written) == ("write", "SELECT", ("orders",))
+
+
+@pytest.mark.parametrize(
+    ("sql", "filtered"),
+    [
+        ("SELECT * FROM orders", False),
+        ("SELECT * FROM orders WHERE status = 'paid'", True),
+        ("SELECT status FROM orders GROUP BY status HAVING count(*) > 3", True),
+        ("SELECT * FROM orders o JOIN customers c ON c.id = o.customer_id", True),
+        ("SELECT * FROM orders CROSS JOIN customers", False),
+        ("SELECT * FROM customers c LEFT JOIN orders o ON o.customer_id = c.id", False),
+        ("SELECT * FROM (SELECT * FROM orders WHERE total > 5) s", True),
+        ("WITH p AS (SELECT * FROM orders WHERE status = 'paid') SELECT * FROM p", True),
+        ("WITH p AS (SELECT * FROM orders) SELECT * FROM p", False),
+        ("SELECT (SELECT count(*) FROM orders WHERE total > 1) FROM customers", False),
+        ("SELECT id FROM orders UNION SELECT id FROM customers WHERE country = 'FR'", True),
+        ("SELECT id FROM orders UNION ALL SELECT id FROM customers", False),
+        ("SELECT id FROM orders INTERSECT SELECT id FROM customers", True),
+        ("VALUES (1)", False),
+        ("SELECT 1", False),
+        ("DELETE FROM orders WHERE id = 1", True),
+        ("DELETE FROM orders", False),
+        (
+            "WITH RECURSIVE r AS (SELECT 1 AS n UNION ALL SELECT n + 1 FROM r) SELECT n FROM r",
+            False,
+        ),
+    ],
+)
+def test_filtered_says_whether_a_filter_could_empty_the_result(sql: str, filtered: bool) -> None:
+    assert analyze(sql, SHOP).filtered is filtered
+
+
+def test_normalized_ignores_layout_and_keeps_constants() -> None:
+    a = analyze("select id  FROM orders /* c */ WHERE id = 7 -- x", SHOP).normalized
+    b = analyze("SELECT id\nFROM orders\nWHERE id = 7", SHOP).normalized
+    c = analyze("SELECT id FROM orders WHERE id = 8", SHOP).normalized
+    assert a == b == "SELECT id FROM orders WHERE id = 7"
+    assert c != a
+    assert analyze("SELECT id FROM orders WHERE id = $1", SHOP).normalized.endswith("$1")
+
+
+def test_normalized_is_worked_out_once_and_does_not_affect_equality() -> None:
+    sql = "UPDATE orders SET status = 'paid'   WHERE id = 3"
+    first, second = SqlAnalyzer().analyze(sql, SHOP), SqlAnalyzer().analyze(sql, SHOP)
+    assert first == second
+    text = first.normalized
+    assert text == "UPDATE orders SET status = 'paid' WHERE id = 3"
+    assert first.normalized is text
+    assert first == second  # one computed, the other not: still equal
+    assert first.sql == sql
+
+
+def test_param_count_is_the_highest_placeholder() -> None:
+    assert analyze("SELECT 1", SHOP).param_count == 0
+    assert analyze("SELECT $3::int, $1::int FROM orders WHERE id = $2", SHOP).param_count == 3
+
+
+def test_analysis_is_frozen() -> None:
+    result = analyze("SELECT 1", SHOP)
+    assert isinstance(result, Analysis)
+    with pytest.raises(AttributeError):
+        result.kind = "write"  # type: ignore[misc]
+
+
+# --- SQLite catalogs ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sqlite_shop(tmp_path: Any) -> Iterator[Catalog]:
+    conn = sqlite3.connect(tmp_path / "shop.db")
+    try:
+        load_shop_sqlite(conn)
+        yield load_sqlite_catalog(conn)
+    finally:
+        conn.close()
+
+
+def test_sqlite_catalog_resolves_names_and_refuses_its_file_functions(
+    sqlite_shop: Catalog,
+) -> None:
+    assert analyze("SELECT rowid, name FROM main.customers", sqlite_shop).tables == ("customers",)
+    assert refused("SELECT nme FROM customers", sqlite_shop).details["suggestions"] == ["name"]
+    assert refused("SELECT readfile('/etc/passwd')", sqlite_shop).code == "forbidden_function"
+    assert refused("SELECT load_extension('x')", sqlite_shop).code == "forbidden_function"
+
+
+# --- the cache ---------------------------------------------------------------------------------
+
+
+def test_same_text_and_version_hits_the_cache_and_a_new_version_misses() -> None:
+    analyzer = SqlAnalyzer()
+    sql = "SELECT o.id FROM orders o JOIN customers c ON c.id = o.customer_id"
+    first = analyzer.analyze(sql, SHOP)
+    assert analyzer.analyze(sql, SHOP) is first
+    info = analyzer.cache_info()
+    assert (info.hits, info.misses, info.size) == (1, 1, 1)
+
+    newer = shop_catalog(version="shop-v2")
+    assert analyzer.analyze(sql, newer) == first
+    assert analyzer.analyze(sql, newer) is not first
+    info = analyzer.cache_info()
+    assert (info.hits, info.misses, info.size) == (2, 2, 2)
+
+
+def test_a_new_version_sees_the_schema_change() -> None:
+    analyzer = SqlAnalyzer()
+    sql = "SELECT coupon FROM orders"
+    with pytest.raises(GatewayError) as info:
+        analyzer.analyze(sql, SHOP)
+    assert info.value.code == "unknown_column"
+    changed = shop_catalog(version="shop-v3")
+    orders = changed.tables["orders"]
+    columns = {**orders.columns, "coupon": Column("coupon", "text")}
+    changed = Catalog(
+        {**changed.tables, "orders": Table("orders", "public", columns)}, "shop-v3", "postgresql"
+    )
+    assert analyzer.analyze(sql, changed).tables == ("orders",)
+
+
+def test_refusals_are_cached_and_raised_fresh_each_time() -> None:
+    analyzer = SqlAnalyzer()
+    errors = []
+    for _ in range(2):
+        with pytest.raises(GatewayError) as info:
+            analyzer.analyze("SELECT * FROM ordrs", SHOP)
+        errors.append(info.value)
+    assert errors[0] is not errors[1]
+    assert errors[0].to_dict() == errors[1].to_dict()
+    assert errors[1].details["suggestions"] == ["orders", "order_items"]
+    assert analyzer.cache_info().hits == 1
+
+
+def test_least_recently_used_entry_is_evicted() -> None:
+    analyzer = SqlAnalyzer(cache_size=2)
+    analyzer.analyze("SELECT 1", SHOP)
+    analyzer.analyze("SELECT 2", SHOP)
+    analyzer.analyze("SELECT 1", SHOP)  # now 2 is the oldest
+    analyzer.analyze("SELECT 3", SHOP)
+    assert analyzer.cache_info().size == 2
+    analyzer.analyze("SELECT 1", SHOP)
+    assert analyzer.cache_info().hits == 2
+    analyzer.analyze("SELECT 2", SHOP)
+    assert analyzer.cache_info().misses == 4
+    analyzer.clear()
+    info = analyzer.cache_info()
+    assert (info.hits, info.misses, info.size, info.maxsize) == (0, 0, 0, 2)
+
+
+def test_module_analyze_shares_one_cache() -> None:
+    sql = "SELECT id FROM products WHERE sku = 'shared-cache-probe'"
+    assert analyze(sql, SHOP) is analyze(sql, SHOP)
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sql", [None, 1, b"SELECT 1"])
+def test_sql_must_be_a_string(sql: object) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"SqlAnalyzer\.analyze: sql must be"):
+        analyze(sql, SHOP)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("catalog", [None, {}, "shop"])
+def test_catalog_must_be_a_catalog(catalog: object) -> None:
+    with pytest.raises(InvalidArgumentError, match="catalog must be"):
+        analyze("SELECT 1", catalog)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("size", [0, -1, 1.5, "10", True])
+def test_cache_size_must_be_a_positive_int(size: object) -> None:
+    with pytest.raises(InvalidArgumentError, match="SqlAnalyzer: cache_size must be"):
+        SqlAnalyzer(cache_size=size)  # type: ignore[arg-type]
