@@ -98,6 +98,23 @@ def _call(target: _Target, work: Callable[["HttpApi"], Awaitable[T]]) -> T:
     raise AssertionError("unreachable")  # pragma: no cover - _refusals exits
 
 
+def _print_table(
+    title: str,
+    rows: list[dict[str, Any]],
+    keys: list[str],
+    *,
+    headers: dict[str, str] | None = None,
+) -> None:
+    """Rows as a rich table, one column per key (a ``state`` column is coloured)."""
+    from rich.table import Table
+
+    names = headers or {}
+    table = Table(*(names.get(k, k) for k in keys), title=title)
+    for row in rows:
+        table.add_row(*(_state(row.get(k)) if k == "state" else _cell(row.get(k)) for k in keys))
+    _stdout().print(table)
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return ""
@@ -234,17 +251,7 @@ def build_app() -> "typer.Typer":
         if as_json:
             _print_json(found)
             return
-        table = Table("id", "name", "state", "reason", "turns", "parent", title="agents")
-        for a in found:
-            table.add_row(
-                _cell(a.get("id")),
-                _cell(a.get("name")),
-                _state(a.get("state")),
-                _cell(a.get("reason")),
-                _cell(a.get("turns")),
-                _cell(a.get("parent")),
-            )
-        _stdout().print(table)
+        _print_table("agents", found, ["id", "name", "state", "reason", "turns", "parent"])
 
     @app.command()
     def show(ctx: typer.Context, agent_id: AgentArg, as_json: JsonOpt = False) -> None:
@@ -374,17 +381,12 @@ def build_app() -> "typer.Typer":
         if as_json:
             _print_json(waiting)
             return
-        table = Table("agent", "name", "kind", "reason", "error", "since", title="decisions")
-        for d in waiting:
-            table.add_row(
-                _cell(d.get("agentId")),
-                _cell(d.get("name")),
-                _cell(d.get("kind")),
-                _cell(d.get("reason")),
-                _cell(d.get("error")),
-                _cell(d.get("since")),
-            )
-        _stdout().print(table)
+        _print_table(
+            "decisions",
+            waiting,
+            ["agentId", "name", "kind", "reason", "error", "since"],
+            headers={"agentId": "agent"},
+        )
         if waiting:
             _stderr().print(
                 "resolve with: corral prompt ID [TEXT] --by NAME --why REASON, or corral stop ID"
