@@ -8,6 +8,7 @@ lock. The lock is never held while a turn runs, only while a decision is written
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -610,7 +611,9 @@ class AgentService:
         if budget.unlimited:
             return None
         used = rec["usage"]
-        tracker = ExecutionTracker(dataclass_replace_deadline(budget), clock=self.clock)
+        # Age is measured from the agent's creation, across restarts, which a fresh tracker's
+        # monotonic start cannot know: the tracker gets the budget without its deadline.
+        tracker = ExecutionTracker(dataclasses.replace(budget, deadline_s=None), clock=self.clock)
         try:
             tracker.record(
                 tokens=used["tokens"], cost_usd=float(used["costUsd"]), turns=used["turns"]
@@ -823,17 +826,6 @@ class AgentService:
         if self._token is not None:
             env["CORRAL_TOKEN"] = agent_token(self._token, rec["id"])
         return env
-
-
-def dataclass_replace_deadline(budget: ExecutionBudget) -> ExecutionBudget:
-    """The budget without its deadline: the service measures age from the agent's creation,
-    across restarts, which a fresh tracker's monotonic clock cannot."""
-    return ExecutionBudget(
-        max_tokens=budget.max_tokens,
-        max_cost_usd=budget.max_cost_usd,
-        max_turns=budget.max_turns,
-        deadline_s=None,
-    )
 
 
 def _usage_after(old: Record, usage: Mapping[str, Any] | None) -> Record:
