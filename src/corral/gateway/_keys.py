@@ -1,0 +1,202 @@
+"""Keyed writes: each (agent, idempotency key) runs its work once, whatever the retries.
+
+Order of checks for a write with key ``k`` and fingerprint ``f``:
+
+1. ``k`` completed in this process (an LRU of ``replay_cache_size`` results): same ``f`` ->
+   ``replayed`` (nothing sent to the database), another -> ``idempotency_conflict``.
+2. ``k`` running in this process: another ``f`` -> ``idempotency_conflict`` at once; the same
+   ``f`` waits up to ``key_wait_s`` (the gateway's clock) for the outcome, then starts over at
+   1, or answers ``idempotency_in_progress`` (retryable).
+3. Otherwise the write runs with its journal claim (:func:`~._execute.run_write`). A key
+   another process holds uncommitted is waited for up to ``key_wait_s`` in the database, then
+   ``idempotency_in_progress``; a key already journalled is read back: completed with the same
+   ``f`` -> ``replayed``, another ``f`` -> ``idempotency_conflict``, never completed ->
+   ``outcome_unknown``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from corral.gateway._errors import GatewayError
+from corral.gateway._execute import KeyTaken, Plan, map_error, run_write
+from corral.gateway._journal import JournalName, StoredResult, decode_result
+from corral.gateway._pools import AgentPools, Lease
+from corral.gateway._result import GatewayResult
+from corral.kernel import Clock
+
+__all__ = ["KeyedWrites"]
+
+_Slot = tuple[str, str]
+
+
+@dataclass(eq=False, slots=True)
+class _InFlight:
+    fingerprint: str
+    done: asyncio.Future[None]
+
+
+class KeyedWrites:
+    """The idempotency side of the gateway (see the module docstring). One event loop."""
+
+    def __init__(
+        self,
+        pools: AgentPools,
+        *,
+        journal: JournalName,
+        clock: Clock,
+        key_wait_s: float,
+        max_rows: int,
+        statement_timeout_s: float,
+        replay_cache_size: int,
+    ) -> None:
+        self._pools = pools
+        self._journal = journal
+        self._clock = clock
+        self._key_wait_s = key_wait_s
+        self._max_rows = max_rows
+        self._statement_timeout_s = statement_timeout_s
+        self._cache_size = replay_cache_size
+        self._inflight: dict[_Slot, _InFlight] = {}
+        self._replays: OrderedDict[_Slot, tuple[str, StoredResult]] = OrderedDict()
+
+    async def run(self, agent_id: str, key: str, fingerprint: str, plan: Plan) -> GatewayResult:
+        """Run the write ``plan`` under ``key`` once; raises ``GatewayError``."""
+        slot = (agent_id, key)
+        while True:
+            cached = self._replays.get(slot)
+            if cached is not None:
+                self._replays.move_to_end(slot)
+                return _replay(key, fingerprint, *cached)
+            running = self._inflight.get(slot)
+            if running is None:
+                break
+            if running.fingerprint != fingerprint:
+                raise _conflict(key, "is running")
+            if not await self._wait(running.done, self._key_wait_s):
+                raise GatewayError(
+                    "idempotency_in_progress",
+                    f"idempotency key {key!r} is already running for this agent (waited "
+                    f"{self._key_wait_s} s); retry with the same key",
+                    key=key,
+                    waited_s=self._key_wait_s,
+                )
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._inflight[slot] = _InFlight(fingerprint, done)
+        try:
+            async with self._pools.lease(agent_id) as lease:
+                return await self._claim_and_run(lease, slot, fingerprint, plan)
+        finally:
+            del self._inflight[slot]
+            done.set_result(None)
+
+    async def _claim_and_run(
+        self, lease: Lease, slot: _Slot, fingerprint: str, plan: Plan
+    ) -> GatewayResult:
+        agent_id, key = slot
+        for _ in range(2):
+            try:
+                result, stored = await run_write(
+                    lease,
+                    plan,
+                    journal=self._journal,
+                    agent_id=agent_id,
+                    key=key,
+                    fingerprint=fingerprint,
+                    now=self._clock.now(),
+                    key_wait_ms=max(1, math.ceil(self._key_wait_s * 1000)),
+                    max_rows=self._max_rows,
+                )
+            except KeyTaken:
+                entry = await self._lookup(lease, agent_id, key)
+                if entry is None:
+                    continue  # the holder's row is gone (deleted by hand): claim it afresh
+                return self._journalled(slot, fingerprint, entry)
+            except psycopg.Error as exc:
+                timeout_s = self._statement_timeout_s
+                raise map_error(exc, lease, statement_timeout_s=timeout_s, reading=False) from None
+            self._remember(slot, fingerprint, stored)
+            return result
+        raise GatewayError(
+            "idempotency_in_progress",
+            f"idempotency key {key!r} changed hands while being claimed; retry with it",
+            key=key,
+        )
+
+    async def _lookup(self, lease: Lease, agent_id: str, key: str) -> tuple[Any, ...] | None:
+        try:
+            cur = await lease.conn.execute(self._journal.lookup_sql, [agent_id, key])
+            row = await cur.fetchone()
+        except psycopg.Error as exc:
+            raise map_error(exc, lease, statement_timeout_s=self._statement_timeout_s) from None
+        return tuple(row) if row is not None else None
+
+    def _journalled(self, slot: _Slot, fingerprint: str, entry: tuple[Any, ...]) -> GatewayResult:
+        stored_fp, state, payload, created_at, _ = entry
+        key = slot[1]
+        if stored_fp != fingerprint:
+            raise _conflict(key, "was used")
+        if state != "completed":
+            raise GatewayError(
+                "outcome_unknown",
+                f"idempotency key {key!r} was journalled at {created_at.isoformat()} but its "
+                "outcome was never recorded: check the data, then use a new key",
+                key=key,
+            )
+        stored = decode_result(payload)
+        self._remember(slot, stored_fp, stored)
+        return _replay(key, fingerprint, stored_fp, stored)
+
+    def _remember(self, slot: _Slot, fingerprint: str, stored: StoredResult) -> None:
+        if self._cache_size == 0:
+            return
+        self._replays[slot] = (fingerprint, stored)
+        self._replays.move_to_end(slot)
+        while len(self._replays) > self._cache_size:
+            self._replays.popitem(last=False)
+
+    async def _wait(self, future: asyncio.Future[None], seconds: float) -> bool:
+        """Wait for ``future`` at most ``seconds`` of the clock; whether it is done."""
+        if future.done():
+            return True
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def wake(*_: object) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        future.add_done_callback(wake)
+        timer = self._clock.call_later(seconds, wake)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            future.remove_done_callback(wake)
+        return future.done()
+
+
+def _replay(key: str, fingerprint: str, stored_fp: str, stored: StoredResult) -> GatewayResult:
+    if stored_fp != fingerprint:
+        raise _conflict(key, "was used")
+    return GatewayResult(
+        rows=[dict(row) for row in stored.rows],
+        columns=stored.columns,
+        row_count=stored.row_count,
+        status="replayed",
+        truncated=stored.truncated,
+    )
+
+
+def _conflict(key: str, state: str) -> GatewayError:
+    return GatewayError(
+        "idempotency_conflict",
+        f"idempotency key {key!r} {state} for different work (another statement, other "
+        "parameters or another plan_hash); use a new key for new work",
+        key=key,
+    )

@@ -1,0 +1,179 @@
+"""Turning a request (SQL or a structured operation) into a :class:`~._execute.Plan`.
+
+A SQL request is ``{"sql": str, "params": [...], "idempotency_key": str, "plan_hash": str}``
+(only ``sql`` required). ``sql`` uses PostgreSQL's ``$1 .. $n`` placeholders; the text is
+sent to the server unchanged and the parameters are bound there (never spliced into the
+text), so no quoting or ``%`` in the SQL can turn a value into SQL. ``params`` must hold
+exactly as many values as the highest placeholder number. Values are JSON-like: ``None``,
+``bool``, ``int``, finite ``float``, ``str``, lists (sent as PostgreSQL arrays) and
+string-keyed objects (sent as ``jsonb``).
+
+A structured request is any mapping with ``op`` (see :mod:`corral.gateway._ops`).
+
+Every refusal is a ``GatewayError``: the analysis codes of :func:`~._sql.analyze` and
+:func:`~._ops.compile_operation`, and ``invalid_operation`` for a malformed request.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from corral.gateway._catalog import Catalog, Table
+from corral.gateway._errors import GatewayError
+from corral.gateway._execute import Plan
+from corral.gateway._ops import compile_operation, quote_identifier
+from corral.gateway._sql import Analysis, analyze
+
+__all__ = ["MAX_KEY_LENGTH", "Planned", "plan_request"]
+
+MAX_KEY_LENGTH = 256
+_SQL_KEYS = ("sql", "params", "idempotency_key", "plan_hash")
+_MAX_DEPTH = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """A plan and what identifies it as work: ``normalized()`` (the canonical statement),
+    ``params`` (as the agent gave them), ``key`` and ``plan_hash``."""
+
+    plan: Plan
+    analysis: Analysis | None
+    normalized_op: str | None
+    params: tuple[Any, ...]
+    key: str | None
+    plan_hash: str | None
+
+    def normalized(self) -> str:
+        if self.analysis is not None:
+            return self.analysis.normalized
+        return self.normalized_op or ""
+
+
+def _invalid(key: str, value: Any, expected: str) -> GatewayError:
+    shown = repr(value)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return GatewayError(
+        "invalid_operation", f"{key} must be {expected}, got {shown}", key=key, value=shown
+    )
+
+
+def plan_request(request: Any, catalog: Catalog) -> Planned:
+    """The plan for ``request`` against ``catalog``; raises ``GatewayError`` (see module)."""
+    if not isinstance(request, Mapping):
+        raise _invalid("request", request, "a mapping with sql or op")
+    has_sql, has_op = "sql" in request, "op" in request
+    if has_sql and has_op:
+        raise _invalid("request", sorted(map(str, request)), "a mapping with sql or op, not both")
+    if has_op:
+        return _plan_op(request, catalog)
+    if has_sql:
+        return _plan_sql(request, catalog)
+    raise _invalid("request", sorted(map(str, request)), "a mapping with sql or op")
+
+
+def _key(request: Mapping[str, Any], name: str) -> str | None:
+    value = request.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > MAX_KEY_LENGTH:
+        raise _invalid(name, value, f"a non-empty string of at most {MAX_KEY_LENGTH} characters")
+    return value
+
+
+def _param(value: Any, key: str, depth: int = 0, *, in_array: bool = False) -> Any:
+    if depth > _MAX_DEPTH:
+        raise _invalid(key, value, f"a JSON value nested at most {_MAX_DEPTH} deep")
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise _invalid(key, value, "a finite number")
+        return value
+    if isinstance(value, list | tuple):
+        # A list is a PostgreSQL array, unless it lies inside a JSON object.
+        items = [
+            _param(v, f"{key}[{i}]", depth + 1, in_array=in_array or depth == 0)
+            for i, v in enumerate(value)
+        ]
+        return items
+    if isinstance(value, Mapping):
+        if in_array:
+            raise _invalid(
+                key, value, "an array element (objects are only allowed as a whole parameter)"
+            )
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise _invalid(key, k, "a JSON object key (a string)")
+            _param(v, f"{key}.{k}", depth + 1)
+        return Jsonb(dict(value)) if depth == 0 else value
+    raise _invalid(key, value, "a JSON value (None, bool, int, float, str, list or object)")
+
+
+def _qualified(table: Table) -> str:
+    # Run without parameters, so no % doubling.
+    name = quote_identifier(table.name, "sqlite")
+    return f"{quote_identifier(table.schema, 'sqlite')}.{name}" if table.schema else name
+
+
+def _plan_sql(request: Mapping[str, Any], catalog: Catalog) -> Planned:
+    for k in request:
+        if k not in _SQL_KEYS:
+            raise _invalid(
+                str(k), request[k], f"absent: a SQL request has only {', '.join(_SQL_KEYS)}"
+            )
+    sql = request["sql"]
+    if not isinstance(sql, str) or not sql.strip():
+        raise _invalid("sql", sql, "a non-empty string")
+    raw_params = request.get("params")
+    if raw_params is None:
+        raw_params = ()
+    if not isinstance(raw_params, list | tuple):
+        raise _invalid("params", raw_params, "a list of values")
+    params = tuple(_param(v, f"params[{i}]") for i, v in enumerate(raw_params))
+    key, plan_hash = _key(request, "idempotency_key"), _key(request, "plan_hash")
+    analysis = analyze(sql, catalog)
+    if analysis.param_count != len(params):
+        raise GatewayError(
+            "invalid_operation",
+            f"the statement's highest placeholder is ${analysis.param_count}, so params must "
+            f"hold {analysis.param_count} value(s); it holds {len(params)}",
+            key="params",
+            value=len(params),
+            expected=analysis.param_count,
+        )
+    exists = tuple(
+        (key_, _qualified(catalog.tables[key_])) for key_ in dict.fromkeys(analysis.tables)
+    )
+    plan = Plan(
+        kind=analysis.kind,
+        sql=sql,
+        params=params,
+        raw=True,
+        filtered=analysis.filtered,
+        exists=exists,
+        explain=analysis.statement_type == "EXPLAIN",
+    )
+    return Planned(plan, analysis, None, tuple(raw_params), key, plan_hash)
+
+
+def _plan_op(request: Mapping[str, Any], catalog: Catalog) -> Planned:
+    compiled = compile_operation(request, catalog)
+    key, plan_hash = _key(request, "idempotency_key"), _key(request, "plan_hash")
+    name = str(request["table"])
+    table = catalog.tables.get(name) or catalog.table(name)
+    exists = ((compiled.table, _qualified(table)),) if table is not None else ()
+    plan = Plan(
+        kind=compiled.kind,
+        sql=compiled.sql,
+        params=compiled.params,
+        raw=False,
+        filtered=compiled.filtered,
+        exists=exists,
+        count_op=compiled.op == "count",
+    )
+    return Planned(plan, None, compiled.normalized, compiled.params, key, plan_hash)

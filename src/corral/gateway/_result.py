@@ -1,0 +1,60 @@
+"""What a gateway request returns, and what the gateway reports about each request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+__all__ = ["GatewayResult", "QueryOutcome", "outcome_code"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatewayResult:
+    """The answer to one request.
+
+    ``rows`` are dicts keyed by ``columns`` (in the statement's order; a name the statement
+    repeats gets a suffix, ``id`` then ``id_2``, so no value is lost). For a read,
+    ``row_count`` is ``len(rows)``; for a write, the number of rows it affected. ``status``
+    is ``ok``, or ``replayed`` when the result is the one journalled for the request's
+    idempotency key and nothing ran. ``emptiness`` is set on a read that returned no rows:
+    ``genuinely_empty`` when the tables it read hold no rows (or it had no filter),
+    ``suspiciously_empty`` when they hold rows its filter matched none of (``warnings``
+    then says which). ``truncated``: more rows than the gateway's ``max_rows`` existed and
+    only the first ``max_rows`` are in ``rows``.
+    """
+
+    rows: list[dict[str, Any]]
+    columns: tuple[str, ...]
+    row_count: int
+    status: Literal["ok", "replayed"] = "ok"
+    emptiness: Literal["genuinely_empty", "suspiciously_empty"] | None = None
+    warnings: tuple[str, ...] = ()
+    truncated: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueryOutcome:
+    """How one request ended, as given to the gateway's ``observe`` hook (the breakers).
+
+    ``code`` is ``ok``, ``genuinely_empty``, ``suspiciously_empty`` or ``replayed`` for an
+    answer, else the ``GatewayError`` code. ``request`` is the request as text: the SQL, or
+    the structured operation as canonical JSON. ``message`` is the error's message (None for
+    an answer); ``kind`` is ``read`` or ``write`` once analysis decided it (None when refused
+    before); ``result`` is the answer, if any.
+    """
+
+    agent_id: str
+    code: str
+    request: str
+    at: datetime
+    message: str | None = None
+    kind: Literal["read", "write"] | None = None
+    result: GatewayResult | None = field(default=None, repr=False)
+
+
+def outcome_code(result: GatewayResult) -> str:
+    """The outcome code of an answer."""
+    if result.status == "replayed":
+        return "replayed"
+    return result.emptiness or "ok"

@@ -1,0 +1,403 @@
+"""The gateway on a real PostgreSQL: reads, escapes, read-only backstop, empties, limits."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from corral.gateway import _plan
+from corral.gateway._catalog import Catalog
+from corral.gateway._errors import GatewayError
+from corral.gateway._gateway import Gateway
+from corral.gateway._sql import Analysis, analyze
+from corral.runtime import FakeClock
+from tests.gateway.corpus import ESCAPES, VALID_READS
+from tests.gateway.gateway_support import AGENT, checksum, execute, fetch, refused, shop_dsn
+
+__all__ = ["shop_dsn"]
+
+pytestmark = pytest.mark.postgres
+
+
+def _direct_rows(dsn: str, sql: str, params: tuple[Any, ...]) -> tuple[list[str], list[Any]]:
+    with (
+        psycopg.connect(dsn, autocommit=True) as conn,
+        psycopg.RawCursor(conn) as cur,
+    ):
+        cur.execute(sql, list(params) or None)
+        assert cur.description is not None
+        return [c.name for c in cur.description], cur.fetchall()
+
+
+# --- reads ------------------------------------------------------------------------------------
+
+
+async def test_every_valid_read_returns_the_rows_the_database_returns(shop_dsn: str) -> None:
+    async with Gateway.connect(shop_dsn) as gw:
+        for read in VALID_READS:
+            result = await gw.query(AGENT, {"sql": read.sql, "params": list(read.params)})
+            names, rows = _direct_rows(shop_dsn, read.sql, read.params)
+            assert result.status == "ok", read.sql
+            assert not result.truncated
+            assert [re.sub(r"_\d+$", "", c) for c in result.columns] == names, read.sql
+            assert result.row_count == len(rows) == len(result.rows), read.sql
+            got = [tuple(row[c] for c in result.columns) for row in result.rows]
+            if re.search(r"now\(\)|current_date", read.sql):
+                continue  # the clock moved between the two runs
+            # Unordered reads may come back in another order from another plan.
+            assert sorted(map(repr, got)) == sorted(map(repr, rows)), read.sql
+
+
+async def test_sql_placeholders_are_bound_by_the_server_and_text_is_sent_unchanged(
+    shop_dsn: str,
+) -> None:
+    async with Gateway.connect(shop_dsn) as gw:
+        result = await gw.query(
+            AGENT,
+            {
+                "sql": "SELECT '$1 %s %%' AS lit, $1::text AS p, $2::int[] AS a, "
+                "$3::jsonb ->> 'k' AS j, $4::int AS n",
+                "params": ["it's; DROP TABLE orders", [1, 2], {"k": "v"}, None],
+            },
+        )
+    assert result.rows == [
+        {"lit": "$1 %s %%", "p": "it's; DROP TABLE orders", "a": [1, 2], "j": "v", "n": None}
+    ]
+
+
+async def test_repeated_column_names_get_a_suffix_so_no_value_is_lost(shop_dsn: str) -> None:
+    async with Gateway.connect(shop_dsn) as gw:
+        result = await gw.query(
+            AGENT,
+            {
+                "sql": "SELECT o.id, c.id, o.id AS id_2 FROM orders o "
+                "JOIN customers c ON c.id = o.customer_id WHERE o.id = $1",
+                "params": [3],
+            },
+        )
+    assert result.columns == ("id", "id_3", "id_2")
+    assert result.rows == [{"id": 3, "id_3": 2, "id_2": 3}]
+
+
+async def test_structured_reads_run(shop_dsn: str) -> None:
+    async with Gateway.connect(shop_dsn) as gw:
+        found = await gw.query(
+            AGENT,
+            {
+                "op": "find",
+                "table": "orders",
+                "where": {"status": {"in": ["paid", "open"]}, "total": {"gt": 20}},
+                "columns": ["id"],
+                "order_by": ["-id"],
+            },
+        )
+        counted = await gw.query(
+            AGENT, {"op": "count", "table": "orders", "where": {"status": "paid"}}
+        )
+    assert found.rows == [{"id": 8}, {"id": 6}, {"id": 3}, {"id": 1}]
+    assert counted.rows == [{"count": 5}]
+    assert counted.emptiness is None
+
+
+async def test_the_journal_is_invisible_to_agents(shop_dsn: str) -> None:
+    async with Gateway.connect(shop_dsn) as gw:
+        assert not any(t.schema == "corral" for t in gw.catalog.tables.values())
+        error = await refused(gw, {"sql": "SELECT * FROM corral.gateway_journal"})
+        assert error.code == "unknown_table"
+        error = await refused(gw, {"op": "find", "table": "corral.gateway_journal"})
+        assert error.code == "unknown_table"
+
+
+# --- escapes and the read-only backstop ------------------------------------------------------
+
+
+async def test_every_escape_is_refused_and_the_database_is_unchanged(shop_dsn: str) -> None:
+    paths = {Path(p) for e in ESCAPES for p in re.findall(r"/tmp/[\w.]+", e.sql)}
+    before_files = {p: p.exists() for p in paths}
+    async with Gateway.connect(shop_dsn) as gw:
+        before = checksum(shop_dsn)
+        for escape in ESCAPES:
+            error = await refused(gw, {"sql": escape.sql})
+            expected = "idempotency_key_required" if escape.expect == "write" else escape.expect
+            assert error.code == expected, escape
+            assert error.retryable is False
+        assert len(ESCAPES) >= 30
+        assert checksum(shop_dsn) == before
+    assert {p: p.exists() for p in paths} == before_files
+
+
+def _misclassify(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make analysis call every statement a read, as a classification bug would."""
+
+    def as_read(sql: str, catalog: Catalog) -> Analysis:
+        return dataclasses.replace(analyze(sql, catalog), kind="read", written=())
+
+    monkeypatch.setattr(_plan, "analyze", as_read)
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "WITH gone AS (DELETE FROM orders RETURNING id) SELECT count(*) FROM gone",
+        "WITH x AS (UPDATE orders SET status = 'void' RETURNING id) SELECT * FROM x",
+        "WITH x AS (INSERT INTO refunds VALUES (1, 1, 1) RETURNING id) SELECT * FROM x",
+        "SELECT nextval('invoice_numbers')",
+        "SELECT setval('invoice_numbers', 40)",
+        "DELETE FROM order_items",
+        "UPDATE orders SET status = 'void' WHERE status = $1",
+    ],
+)
+async def test_a_write_the_analysis_missed_fails_read_only_and_changes_nothing(
+    shop_dsn: str, monkeypatch: pytest.MonkeyPatch, sql: str
+) -> None:
+    _misclassify(monkeypatch)
+    params = ["paid"] if "$1" in sql else []
+    async with Gateway.connect(shop_dsn) as gw:
+        before = checksum(shop_dsn)
+        error = await refused(gw, {"sql": sql, "params": params})
+        assert error.code == "read_only_violation"
+        assert error.retryable is False
+        assert error.details["sqlstate"] == "25006"
+        assert "READ ONLY" in error.message
+        assert checksum(shop_dsn) == before
+
+
+async def test_a_volatile_function_that_writes_fails_read_only(shop_dsn: str) -> None:
+    async with Gateway.connect(shop_dsn) as gw:
+        before = checksum(shop_dsn)
+        error = await refused(gw, {"sql": "SELECT gw_touch()"})
+        assert error.code == "read_only_violation"
+        # Also when the read comes back empty and is run again in a snapshot.
+        error = await refused(gw, {"sql": "SELECT gw_touch() FROM orders WHERE id = 1"})
+        assert error.code == "read_only_violation"
+        assert checksum(shop_dsn) == before
+
+
+async def test_a_session_whose_read_only_default_was_changed_is_not_trusted(shop_dsn: str) -> None:
+    async with Gateway.connect(shop_dsn, pool_size=1) as gw:
+        before = checksum(shop_dsn)
+        unlocked = await gw.query(AGENT, {"sql": "SELECT gw_unlock()"})
+        assert unlocked.rows == [{"gw_unlock": "off"}]
+        # Same connection (pool_size=1): the read still runs READ ONLY, explicitly.
+        error = await refused(gw, {"sql": "SELECT gw_touch()"})
+        assert error.code == "read_only_violation"
+        again = await gw.query(
+            AGENT, {"sql": "SELECT current_setting('default_transaction_read_only') AS ro"}
+        )
+        assert again.rows == [{"ro": "on"}]  # the tampered connection was closed
+        assert checksum(shop_dsn) == before
+
+
+# --- loud empties -----------------------------------------------------------------------------
+
+
+async def test_a_filter_that_matches_nothing_in_a_table_with_rows_is_suspicious(
+    shop_dsn: str,
+) -> None:
+    async with Gateway.connect(shop_dsn) as gw:
+        result = await gw.query(
+            AGENT, {"sql": "SELECT id, status FROM orders WHERE status = $1", "params": ["PAID"]}
+        )
+        assert result.rows == []
+        assert result.row_count == 0
+        assert result.columns == ("id", "status")
+        assert result.emptiness == "suspiciously_empty"
+        assert len(result.warnings) == 1
+        assert "orders holds rows" in result.warnings[0]
+        assert "filter matched none" in result.warnings[0]
+
+        joined = await gw.query(
+            AGENT,
+            {
+                "sql": "SELECT o.id FROM orders o JOIN refunds r ON r.order_id = o.id "
+                "WHERE o.status = 'paid'"
+            },
+        )
+        assert joined.emptiness == "suspiciously_empty"
+        assert "orders holds rows" in joined.warnings[0]
+        assert "refunds" not in joined.warnings[0]
+
+        found = await gw.query(
+            AGENT, {"op": "find", "table": "customers", "where": {"country": "XX"}}
+        )
+        assert found.emptiness == "suspiciously_empty"
+        assert "customers holds rows" in found.warnings[0]
+        counted = await gw.query(
+            AGENT, {"op": "count", "table": "customers", "where": {"country": "XX"}}
+        )
+        assert counted.rows == [{"count": 0}]
+        assert counted.emptiness == "suspiciously_empty"
+        assert "counted none" in counted.warnings[0]
+
+
+async def test_empty_tables_and_unfiltered_reads_are_genuinely_empty(shop_dsn: str) -> None:
+    async with Gateway.connect(shop_dsn) as gw:
+        cases: list[dict[str, Any]] = [
+            {"sql": "SELECT * FROM refunds WHERE amount > $1", "params": [10]},
+            {"sql": "SELECT * FROM refunds"},
+            {"sql": "SELECT id FROM orders LIMIT 0"},
+            {"sql": "SELECT g FROM generate_series(1, 3) g WHERE g > 5"},
+            {"op": "find", "table": "refunds", "where": {"order_id": 3}},
+            {"op": "count", "table": "refunds", "where": {"order_id": 3}},
+        ]
+        for request in cases:
+            result = await gw.query(AGENT, request)
+            assert result.emptiness == "genuinely_empty", request
+            assert result.warnings == (), request
+        described = await gw.query(AGENT, {"sql": "SELECT * FROM refunds"})
+        assert described.columns == ("id", "order_id", "amount")
+        assert described.rows == []
+
+        present = await gw.query(
+            AGENT, {"sql": "SELECT id FROM orders WHERE id = $1", "params": [1]}
+        )
+        assert present.emptiness is None
+        assert present.warnings == ()
+
+
+async def test_an_empty_read_ending_in_a_semicolon_and_comment_is_classified(shop_dsn: str) -> None:
+    async with Gateway.connect(shop_dsn) as gw:
+        result = await gw.query(AGENT, {"sql": "SELECT id FROM orders WHERE id = -1; -- none"})
+    assert result.emptiness == "suspiciously_empty"
+    assert result.columns == ("id",)
+
+
+# --- row cap and statement timeout ------------------------------------------------------------
+
+
+async def test_rows_beyond_max_rows_are_cut_and_flagged(shop_dsn: str) -> None:
+    async with Gateway.connect(shop_dsn, max_rows=3) as gw:
+        many = await gw.query(AGENT, {"sql": "SELECT g FROM generate_series(1, 100000) g"})
+        assert many.rows == [{"g": 1}, {"g": 2}, {"g": 3}]
+        assert many.truncated is True
+        assert many.row_count == 3
+        exact = await gw.query(AGENT, {"sql": "SELECT g FROM generate_series(1, 3) g"})
+        assert exact.row_count == 3
+        assert exact.truncated is False
+        # Only the first max_rows + 1 rows are read: row 5 would divide by zero.
+        early = await gw.query(
+            AGENT, {"sql": "SELECT g, 10 / (5 - g) AS q FROM generate_series(1, 10) g"}
+        )
+        assert [r["q"] for r in early.rows] == [2, 3, 5]
+        assert early.truncated is True
+        ops = await gw.query(AGENT, {"op": "find", "table": "orders", "order_by": ["id"]})
+        assert [r["id"] for r in ops.rows] == [1, 2, 3]
+        assert ops.truncated
+        # The connection is usable after a cut stream.
+        after = await gw.query(AGENT, {"sql": "SELECT 1 AS one"})
+        assert after.rows == [{"one": 1}]
+
+
+async def test_a_statement_over_the_timeout_is_cancelled_and_retryable(shop_dsn: str) -> None:
+    async with Gateway.connect(shop_dsn, statement_timeout_s=0.2) as gw:
+        error = await refused(gw, {"sql": "SELECT gw_sleep(30)"})
+        assert error.code == "statement_timeout"
+        assert error.retryable is True
+        assert "0.2 s" in error.message
+        assert error.details["timeout_s"] == 0.2
+        after = await gw.query(AGENT, {"sql": "SELECT 1 AS one"})
+        assert after.rows == [{"one": 1}]
+
+
+# --- database errors --------------------------------------------------------------------------
+
+
+async def test_database_errors_carry_the_sqlstate_never_a_psycopg_exception(shop_dsn: str) -> None:
+    async with Gateway.connect(shop_dsn) as gw:
+        error = await refused(gw, {"sql": "SELECT 1 / 0 AS x"})
+        assert error.code == "database_error"
+        assert error.details["sqlstate"] == "22012"
+        assert "division by zero" in error.message
+        error = await refused(gw, {"sql": "SELECT $1::int AS n", "params": ["abc"]})
+        assert (error.code, error.details["sqlstate"]) == ("database_error", "22P02")
+        error = await refused(
+            gw,
+            {
+                "op": "insert",
+                "table": "customers",
+                "values": {
+                    "id": 1,
+                    "name": "x",
+                    "email": "x",
+                    "country": "FR",
+                    "created_at": "2024-01-01",
+                },
+                "idempotency_key": "dup",
+            },
+        )
+        assert (error.code, error.details["sqlstate"]) == ("database_error", "23505")
+        assert "Key (id)" not in error.message  # the detail, with row values, is not passed on
+
+
+async def test_a_lost_connection_is_unavailable_then_recovers(shop_dsn: str) -> None:
+    async with Gateway.connect(shop_dsn, pool_size=1) as gw:
+        await gw.query(AGENT, {"sql": "SELECT 1 AS one"})
+        killed = fetch(
+            shop_dsn,
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            [f"corral-gateway:{AGENT}"],
+        )
+        assert killed == [(True,)]
+        error = await refused(gw, {"sql": "SELECT 1 AS one"})
+        assert error.code == "database_unavailable"
+        assert error.retryable is True
+        again = await gw.query(AGENT, {"sql": "SELECT 1 AS one"})
+        assert again.rows == [{"one": 1}]
+
+
+async def test_connecting_to_nothing_is_unavailable(shop_dsn: str) -> None:
+    with pytest.raises(GatewayError) as info:
+        async with Gateway.connect("postgresql://postgres@127.0.0.1:1/x", connect_timeout_s=2):
+            pass
+    assert info.value.code == "database_unavailable"
+    assert "postgres@" not in info.value.message
+
+
+# --- catalog refresh --------------------------------------------------------------------------
+
+
+async def test_a_table_created_after_connect_is_found_and_a_dropped_column_refused(
+    shop_dsn: str,
+) -> None:
+    async with Gateway.connect(shop_dsn) as gw:
+        version = gw.catalog.version
+        execute(shop_dsn, "CREATE TABLE shipments (id int PRIMARY KEY, carrier text)")
+        result = await gw.query(AGENT, {"sql": "SELECT carrier FROM shipments"})
+        assert result.emptiness == "genuinely_empty"
+        assert gw.catalog.version != version
+
+        execute(shop_dsn, "ALTER TABLE shipments DROP COLUMN carrier")
+        error = await refused(gw, {"sql": "SELECT carrier FROM shipments"})
+        assert error.code == "unknown_column"  # the database's 42703 led to a reload
+
+
+async def test_on_demand_reloads_are_rate_limited_and_old_catalogs_reloaded(shop_dsn: str) -> None:
+    clock = FakeClock()
+    async with Gateway.connect(
+        shop_dsn, clock=clock, catalog_refresh_s=10, catalog_max_age_s=60
+    ) as gw:
+        execute(shop_dsn, "CREATE TABLE first_new (id int)")
+        await gw.query(AGENT, {"sql": "SELECT * FROM first_new"})
+        execute(shop_dsn, "CREATE TABLE second_new (id int)")
+        error = await refused(gw, {"sql": "SELECT * FROM second_new"})
+        assert error.code == "unknown_table"  # within 10 s of the last reload: none
+        clock.advance(10)
+        await gw.query(AGENT, {"sql": "SELECT * FROM second_new"})
+
+        execute(shop_dsn, "CREATE TABLE third_new (id int)")
+        await gw.query(AGENT, {"sql": "SELECT 1 AS one"})
+        assert gw.catalog.table("third_new") is None
+        clock.advance(60)
+        await gw.query(AGENT, {"sql": "SELECT 1 AS one"})
+        assert gw.catalog.table("third_new") is not None
+
+
+async def test_an_unchanged_schema_keeps_its_catalog(shop_dsn: str) -> None:
+    async with Gateway.connect(shop_dsn) as gw:
+        catalog = gw.catalog
+        assert await gw.refresh_catalog() is catalog
