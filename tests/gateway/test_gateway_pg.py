@@ -119,7 +119,8 @@ async def test_the_journal_is_invisible_to_agents(shop_dsn: str) -> None:
 async def test_every_escape_is_refused_and_the_database_is_unchanged(shop_dsn: str) -> None:
     paths = {Path(p) for e in ESCAPES for p in re.findall(r"/tmp/[\w.]+", e.sql)}
     before_files = {p: p.exists() for p in paths}
-    async with Gateway.connect(shop_dsn) as gw:
+    # Analysis alone is under test: the breakers would freeze the agent after ten refusals.
+    async with Gateway.connect(shop_dsn, breaker=None) as gw:
         before = checksum(shop_dsn)
         for escape in ESCAPES:
             error = await refused(gw, {"sql": escape.sql})

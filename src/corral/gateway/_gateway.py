@@ -35,14 +35,23 @@ is ``idempotency_conflict`` wherever the holder's fingerprint is known: a comple
 key in flight in this gateway (another process's uncommitted key shows no fingerprint, so
 any write on it is ``idempotency_in_progress`` until it commits).
 
-Breakers (hooks, so a breaker can plug in): ``frozen(agent_id)`` is called before anything
-else and refuses the request when it returns a truthy value (a string is given as the
-reason); ``observe(agent_id, outcome)`` receives a :class:`~._result.QueryOutcome` for every
-request that got past it; :meth:`Gateway.drain` closes an agent's pool. Both hooks may be
-plain functions or coroutines; what they raise propagates to the caller (``frozen`` may
-raise ``agent_frozen`` itself). ``QueryOutcome`` carries ``request``, ``code``, ``at`` and
-``message`` in the breakers' vocabulary, so ``Breakers`` plug in as ``frozen=breakers.check``
-and an ``observe`` that forwards those four fields.
+Breakers (see :mod:`~._breaker`). With a ``breaker`` policy (the default) the gateway owns
+a :class:`~._breaker.Breakers` whose freezes and reinstatements are kept in the target
+database, table ``corral_breaker_records`` in the journal's schema (hidden from agents),
+opened at :meth:`Gateway.open` and closed at :meth:`Gateway.close`. A frozen agent's every
+request is refused with ``agent_frozen`` before analysis; every other outcome is counted once
+the request has given its connection back; a freeze drains the agent's pool (its running
+statements are cancelled). :meth:`Gateway.freeze`, :meth:`Gateway.reinstate`,
+:meth:`Gateway.status` and :meth:`Gateway.history` act on it, and raise ``UsageError`` on a
+gateway connected with ``breaker=None``. Freezes survive restarts; the rolling counts do not.
+
+Hooks: ``frozen(agent_id)`` is called before anything else (after the breakers' own check)
+and refuses the request when it returns a truthy value (a string is given as the reason);
+``observe(agent_id, outcome)`` receives a :class:`~._result.QueryOutcome` for every request
+that got past the checks (after the breakers counted it). Caller hooks are chained with the
+breakers, never instead of them: a caller's ``frozen`` can refuse more agents, not fewer. Both
+hooks may be plain functions or coroutines; what they raise propagates to the caller
+(``frozen`` may raise ``agent_frozen`` itself).
 """
 
 from __future__ import annotations
@@ -57,6 +66,15 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from corral.gateway._breaker import Breakers
+from corral.gateway._breaker_journal import PostgresFreezeJournal
+from corral.gateway._breaker_records import (
+    BreakerPolicy,
+    BreakerStatus,
+    Freeze,
+    Reinstatement,
+    RequestOutcome,
+)
 from corral.gateway._catalog import Catalog
 from corral.gateway._catalog_keeper import CatalogKeeper
 from corral.gateway._errors import GatewayError
@@ -66,7 +84,7 @@ from corral.gateway._keys import KeyedWrites
 from corral.gateway._plan import Planned, plan_request
 from corral.gateway._pools import AgentPools
 from corral.gateway._result import GatewayResult, QueryOutcome, outcome_code
-from corral.kernel import SYSTEM_CLOCK, Clock
+from corral.kernel import SYSTEM_CLOCK, Clock, UsageError
 from corral.kernel import _validate as v
 from corral.kernel._errors import InvalidArgumentError
 
@@ -79,6 +97,7 @@ FrozenHook = Callable[[str], "Awaitable[object] | object"]
 raise ``GatewayError("agent_frozen")`` itself."""
 
 _SCHEMA_SQLSTATES = frozenset({"42P01", "42703"})  # undefined table / column
+_DEFAULT_BREAKER = BreakerPolicy()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,6 +115,7 @@ class _Config:
     replay_cache_size: int
     observe: ObserveHook | None
     frozen: FrozenHook | None
+    breaker: BreakerPolicy | None
 
 
 class GatewayConnector:
@@ -158,6 +178,14 @@ class Gateway:
             statement_timeout_s=config.statement_timeout_s,
             replay_cache_size=config.replay_cache_size,
         )
+        self._breakers: Breakers | None = None
+        if config.breaker is not None:
+            self._breakers = Breakers(
+                config.breaker,
+                journal=PostgresFreezeJournal(config.dsn, schema=config.journal.schema),
+                clock=config.clock,
+                on_freeze=self._drain_frozen,
+            )
 
     @classmethod
     def connect(
@@ -177,6 +205,7 @@ class Gateway:
         replay_cache_size: int = 4096,
         observe: ObserveHook | None = None,
         frozen: FrozenHook | None = None,
+        breaker: BreakerPolicy | None = _DEFAULT_BREAKER,
     ) -> GatewayConnector:
         """A gateway to the PostgreSQL database at ``dsn``, opened when awaited or entered.
 
@@ -186,7 +215,9 @@ class Gateway:
         schema is hidden from agents). ``key_wait_s``: how long a duplicate of a key in
         flight waits for its outcome. ``connect_timeout_s``: opening a connection.
         ``catalog_refresh_s`` / ``catalog_max_age_s``: see the module docstring.
-        ``observe`` / ``frozen``: the breaker hooks.
+        ``breaker``: the per-agent breakers' policy, None for no breakers (then
+        ``freeze``/``reinstate``/``status``/``history`` raise ``UsageError``).
+        ``observe`` / ``frozen``: hooks chained after the breakers (see the module docstring).
 
         Arguments are checked here (``InvalidArgumentError``); opening raises
         ``GatewayError("database_unavailable")`` when the database cannot be reached, and
@@ -214,6 +245,8 @@ class Gateway:
         for name, hook in (("observe", observe), ("frozen", frozen)):
             if hook is not None:
                 v.callable_(where, name, hook)
+        if breaker is not None:
+            v.instance_of(where, "breaker", breaker, BreakerPolicy)
         config = _Config(
             dsn=dsn,
             pool_size=pool_size,
@@ -228,28 +261,38 @@ class Gateway:
             replay_cache_size=replay_cache_size,
             observe=observe,
             frozen=frozen,
+            breaker=breaker,
         )
         return GatewayConnector(cls(config))
 
     # --- lifecycle --------------------------------------------------------------------------
 
     async def open(self) -> None:
-        """Create the journal when missing and load the catalog. Idempotent; raises
-        ``GatewayError`` (``database_unavailable``, ``database_error``), closing what it
-        opened."""
+        """Create the journals when missing, load the agents frozen now and the catalog.
+        Idempotent; raises ``GatewayError`` (``database_unavailable``, ``database_error``),
+        closing what it opened."""
         if self._keeper.is_open:
             return
         try:
+            # The freeze journal's table exists before the catalog is first loaded, so its
+            # creation never changes the catalog's version.
+            if self._breakers is not None:
+                await self._breakers.open()
             await self._keeper.open()
         except BaseException:
             await self.close()
             raise
 
     async def close(self) -> None:
-        """Close every pool and the gateway's own connection. Idempotent."""
+        """Finish the freezes in flight, then close every pool and the gateway's own
+        connections. Idempotent."""
         self._closed = True
-        await self._pools.close()
-        await self._keeper.close()
+        try:
+            if self._breakers is not None:
+                await self._breakers.close()
+        finally:
+            await self._pools.close()
+            await self._keeper.close()
 
     async def __aenter__(self) -> Gateway:
         await self.open()
@@ -280,6 +323,61 @@ class Gateway:
         v.non_empty_str("Gateway.drain", "agent_id", agent_id)
         return await self._pools.drain(agent_id)
 
+    async def _drain_frozen(self, agent_id: str, freeze: Freeze) -> None:
+        await self._pools.drain(agent_id)
+
+    # --- breakers ---------------------------------------------------------------------------
+
+    def _require_breakers(self, what: str) -> Breakers:
+        if self._breakers is None:
+            raise UsageError(
+                f"Gateway.{what} needs breakers, and this gateway was connected with "
+                "breaker=None: pass a BreakerPolicy to Gateway.connect",
+                method=what,
+            )
+        return self._breakers
+
+    @property
+    def breaker_policy(self) -> BreakerPolicy | None:
+        """The breakers' policy, None when the gateway has no breakers."""
+        return self._config.breaker
+
+    async def freeze(self, agent_id: str, reason: str, *, by: str | None = None) -> Freeze:
+        """Freeze ``agent_id`` by hand (recorded with ``reason`` and ``by``), draining its
+        pool. Idempotent: an agent already frozen keeps (and gets back) its freeze. Raises
+        ``InvalidArgumentError``, ``UsageError`` (no breakers, or the gateway is not open) and
+        the journal's ``GatewayError`` (the freeze is in effect all the same)."""
+        where = "Gateway.freeze"
+        v.non_empty_str(where, "agent_id", agent_id)
+        v.non_empty_str(where, "reason", reason)
+        v.non_empty_str(where, "by", by, optional=True)
+        return await self._require_breakers("freeze").freeze(agent_id, reason=reason, by=by)
+
+    async def reinstate(self, agent_id: str, *, by: str, reason: str) -> Reinstatement:
+        """Lift ``agent_id``'s freeze, recording who (``by``) and why (``reason``); its counts
+        start from zero. Raises ``InvalidArgumentError`` (either empty), ``UsageError`` (not
+        frozen, no breakers, not open) and the journal's ``GatewayError`` (it stays frozen)."""
+        where = "Gateway.reinstate"
+        v.non_empty_str(where, "agent_id", agent_id)
+        v.non_empty_str(where, "by", by)
+        v.non_empty_str(where, "reason", reason)
+        return await self._require_breakers("reinstate").reinstate(agent_id, by=by, reason=reason)
+
+    def status(self, agent_id: str) -> BreakerStatus:
+        """``agent_id``'s breakers now: frozen or not, counts within the window, thresholds.
+        Reads memory only."""
+        v.non_empty_str("Gateway.status", "agent_id", agent_id)
+        return self._require_breakers("status").status(agent_id)
+
+    def frozen_agents(self) -> dict[str, Freeze]:
+        """Every agent frozen now, with its freeze."""
+        return self._require_breakers("frozen_agents").frozen_agents()
+
+    async def history(self, agent_id: str) -> list[Freeze | Reinstatement]:
+        """``agent_id``'s freezes and reinstatements, oldest first, from the journal."""
+        v.non_empty_str("Gateway.history", "agent_id", agent_id)
+        return await self._require_breakers("history").history(agent_id)
+
     # --- requests ---------------------------------------------------------------------------
 
     async def query(self, agent_id: str, request: Mapping[str, Any]) -> GatewayResult:
@@ -304,6 +402,8 @@ class Gateway:
         return result
 
     async def _check_frozen(self, agent_id: str) -> None:
+        if self._breakers is not None:
+            self._breakers.check(agent_id)
         hook = self._config.frozen
         if hook is None:
             return
@@ -365,7 +465,8 @@ class Gateway:
         result: GatewayResult | None,
     ) -> None:
         hook = self._config.observe
-        if hook is None:
+        breakers = self._breakers
+        if hook is None and breakers is None:
             return
         outcome = QueryOutcome(
             agent_id=agent_id,
@@ -376,6 +477,15 @@ class Gateway:
             kind=planned.plan.kind if planned is not None else None,
             result=result,
         )
+        # The request's connection is back in its pool by now: a freeze may drain it. A
+        # gateway closed meanwhile has closed its breakers, so the outcome goes uncounted.
+        if breakers is not None and not self._closed:
+            counted = RequestOutcome(
+                request=outcome.request, code=code, at=outcome.at, message=message
+            )
+            await breakers.observe(agent_id, counted)
+        if hook is None:
+            return
         done = hook(agent_id, outcome)
         if inspect.isawaitable(done):
             await done
