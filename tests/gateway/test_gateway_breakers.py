@@ -377,6 +377,7 @@ async def test_a_closed_gateway_refuses_breaker_calls(shop_dsn: str) -> None:
 def test_the_package_exports_its_public_names() -> None:
     expected = {
         "Gateway",
+        "SQLiteGateway",
         "GatewayResult",
         "GatewayError",
         "BreakerPolicy",

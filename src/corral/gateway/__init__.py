@@ -16,8 +16,10 @@ errors, refusals and suspicious empties over a rolling window; crossing a thresh
 the agent (``agent_frozen`` on every request, its pool drained, the evidence recorded) until
 a person reinstates it, and freezes survive restarts.
 
-SQLite targets come next, and with them the daemon's exposure of the gateway over HTTP, MCP
-and the command line.
+:class:`SQLiteGateway` fronts a SQLite file with structured operations: reads on read-only
+connections, loud empties, idempotency keys journalled outside the target (a write in flight
+at a crash is ``outcome_unknown`` on the next use of its key) and the same breakers. The
+daemon's exposure of the gateway over HTTP, MCP and the command line comes next.
 """
 
 from corral.gateway._breaker_journal import (
@@ -38,6 +40,7 @@ from corral.gateway._gateway import Gateway
 from corral.gateway._ops import compile_operation
 from corral.gateway._result import GatewayResult, QueryOutcome
 from corral.gateway._sql import analyze
+from corral.gateway._sqlite_gateway import SQLiteGateway
 
 __all__ = [
     "BreakerPolicy",
@@ -53,6 +56,7 @@ __all__ = [
     "Reinstatement",
     "RequestOutcome",
     "SQLiteFreezeJournal",
+    "SQLiteGateway",
     "analyze",
     "compile_operation",
 ]
