@@ -59,7 +59,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +77,7 @@ from corral.gateway._breaker_records import (
 )
 from corral.gateway._catalog import Catalog
 from corral.gateway._catalog_keeper import CatalogKeeper
+from corral.gateway._connector import Connector
 from corral.gateway._errors import GatewayError
 from corral.gateway._execute import map_error, run_read
 from corral.gateway._journal import JournalName, check_identifier, fingerprint
@@ -88,7 +89,7 @@ from corral.kernel import SYSTEM_CLOCK, Clock, UsageError
 from corral.kernel import _validate as v
 from corral.kernel._errors import InvalidArgumentError
 
-__all__ = ["FrozenHook", "Gateway", "GatewayConnector", "ObserveHook"]
+__all__ = ["FrozenHook", "Gateway", "ObserveHook"]
 
 ObserveHook = Callable[[str, QueryOutcome], "Awaitable[object] | object"]
 """``observe(agent_id, outcome)``: a plain function or a coroutine function."""
@@ -116,26 +117,6 @@ class _Config:
     observe: ObserveHook | None
     frozen: FrozenHook | None
     breaker: BreakerPolicy | None
-
-
-class GatewayConnector:
-    """What :meth:`Gateway.connect` returns: ``async with`` it (closes on exit) or await it."""
-
-    def __init__(self, gateway: Gateway) -> None:
-        self._gateway = gateway
-
-    def __await__(self) -> Generator[Any, None, Gateway]:
-        return self._open().__await__()
-
-    async def _open(self) -> Gateway:
-        await self._gateway.open()
-        return self._gateway
-
-    async def __aenter__(self) -> Gateway:
-        return await self._open()
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self._gateway.close()
 
 
 class Gateway:
@@ -206,7 +187,7 @@ class Gateway:
         observe: ObserveHook | None = None,
         frozen: FrozenHook | None = None,
         breaker: BreakerPolicy | None = _DEFAULT_BREAKER,
-    ) -> GatewayConnector:
+    ) -> Connector[Gateway]:
         """A gateway to the PostgreSQL database at ``dsn``, opened when awaited or entered.
 
         ``pool_size``: connections per agent. ``statement_timeout_s``: per statement, set by
@@ -263,7 +244,7 @@ class Gateway:
             frozen=frozen,
             breaker=breaker,
         )
-        return GatewayConnector(cls(config))
+        return Connector(cls(config))
 
     # --- lifecycle --------------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -44,6 +44,7 @@ from corral.gateway._breaker_records import (
     RequestOutcome,
 )
 from corral.gateway._catalog import Catalog
+from corral.gateway._connector import Connector
 from corral.gateway._errors import GatewayError
 from corral.gateway._gateway import _request_text
 from corral.gateway._journal import fingerprint
@@ -55,33 +56,12 @@ from corral.kernel import SYSTEM_CLOCK, Clock, UsageError
 from corral.kernel import _validate as v
 from corral.kernel._errors import InvalidArgumentError
 
-__all__ = ["SQLiteGateway", "SQLiteGatewayConnector"]
+__all__ = ["SQLiteGateway"]
 
 T = TypeVar("T")
 _DEFAULT_BREAKER = BreakerPolicy()
 _WORKERS = 4
 _SQL_REFUSAL = "SQL text is supported on PostgreSQL targets; use structured operations on SQLite"
-
-
-class SQLiteGatewayConnector:
-    """What :meth:`SQLiteGateway.connect` returns: ``async with`` it (closes on exit) or
-    await it."""
-
-    def __init__(self, gateway: SQLiteGateway) -> None:
-        self._gateway = gateway
-
-    def __await__(self) -> Generator[Any, None, SQLiteGateway]:
-        return self._open().__await__()
-
-    async def _open(self) -> SQLiteGateway:
-        await self._gateway.open()
-        return self._gateway
-
-    async def __aenter__(self) -> SQLiteGateway:
-        return await self._open()
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self._gateway.close()
 
 
 class SQLiteGateway:
@@ -127,7 +107,7 @@ class SQLiteGateway:
         max_rows: int = 1000,
         breaker: BreakerPolicy | None = _DEFAULT_BREAKER,
         clock: Clock = SYSTEM_CLOCK,
-    ) -> SQLiteGatewayConnector:
+    ) -> Connector[SQLiteGateway]:
         """A gateway to the existing SQLite file ``path``, opened when awaited or entered.
 
         ``journal_path``: the idempotency and freeze journal (created when missing; never
@@ -162,7 +142,7 @@ class SQLiteGateway:
             breaker=breaker,
             clock=clock,
         )
-        return SQLiteGatewayConnector(gateway)
+        return Connector(gateway)
 
     # --- lifecycle --------------------------------------------------------------------------
 
