@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 from typing import Any, NamedTuple
 
 __all__ = [
@@ -194,6 +195,17 @@ def load_shop_sqlite(conn: sqlite3.Connection) -> None:
         marks = ", ".join(["?"] * len(columns))
         conn.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows)
     conn.commit()
+
+
+def shop_sqlite_file(directory: Path) -> Path:
+    """A SQLite file in ``directory`` holding the shop schema and rows."""
+    path = directory / "shop.db"
+    conn = sqlite3.connect(path)
+    try:
+        load_shop_sqlite(conn)
+    finally:
+        conn.close()
+    return path
 
 
 class Escape(NamedTuple):

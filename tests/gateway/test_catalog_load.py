@@ -11,7 +11,12 @@ import pytest
 from corral.gateway._catalog import Catalog, Column
 from corral.gateway._catalog_load import load_postgres_catalog, load_sqlite_catalog
 from corral.kernel import InvalidArgumentError
-from tests.gateway.corpus import SHOP_TABLES, load_shop_postgres, load_shop_sqlite
+from tests.gateway.corpus import (
+    SHOP_TABLES,
+    load_shop_postgres,
+    load_shop_sqlite,
+    shop_sqlite_file,
+)
 
 
 async def _pg_catalog(dsn: str) -> Catalog:
@@ -123,13 +128,7 @@ async def test_postgres_loader_refuses_other_connections() -> None:
 
 @pytest.fixture
 def shop_file(tmp_path: Path) -> Path:
-    path = tmp_path / "shop.db"
-    conn = sqlite3.connect(path)
-    try:
-        load_shop_sqlite(conn)
-    finally:
-        conn.close()
-    return path
+    return shop_sqlite_file(tmp_path)
 
 
 def _sqlite_catalog(path: Path, *, read_only: bool = False) -> Catalog:

@@ -14,20 +14,14 @@ from corral.gateway._sqlite_engine import JOURNAL_TABLE, ReadPlan
 from corral.kernel import SYSTEM_CLOCK
 from corral.kernel._errors import InvalidArgumentError
 from corral.runtime import FakeClock
-from tests.gateway.corpus import SHOP_ROWS, load_shop_sqlite
+from tests.gateway.corpus import SHOP_ROWS, shop_sqlite_file
 
 AGENT = "agent-7"
 
 
 @pytest.fixture
 def shop(tmp_path: Path) -> Path:
-    path = tmp_path / "shop.db"
-    conn = sqlite3.connect(path)
-    try:
-        load_shop_sqlite(conn)
-    finally:
-        conn.close()
-    return path
+    return shop_sqlite_file(tmp_path)
 
 
 def _count(path: Path, sql: str, *params: Any) -> Any:
