@@ -13,7 +13,7 @@ A refusal prints ``error <code>: <message>`` on stderr and exits 2 for a usage e
 import asyncio
 import json
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
@@ -214,11 +214,22 @@ def build_app() -> "typer.Typer":
                 help="Bearer token every request must carry (required off loopback).",
             ),
         ] = None,
+        db: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--db",
+                help="A database agents reach through the gateway, as NAME=DSN "
+                "(postgresql://..., sqlite:///PATH); repeat for several.",
+            ),
+        ] = None,
     ) -> None:
         """Run the daemon until interrupted."""
+        from corral.daemon._databases import parse_db_option
         from corral.daemon._server import ServeConfig, log_to_stderr, serve
 
         config: dict[str, Any] = {"host": host, "port": port, "token": token or target(ctx).token}
+        with _refusals():
+            config["databases"] = _databases(parse_db_option(item) for item in db or [])
         if store is not None:
             config["store"] = store
         if home is not None:
@@ -381,16 +392,24 @@ def build_app() -> "typer.Typer":
         if as_json:
             _print_json(waiting)
             return
+        kinds = {d.get("kind") for d in waiting}
+        extra = ["target"] if "gateway_frozen" in kinds else []
         _print_table(
             "decisions",
             waiting,
-            ["agentId", "name", "kind", "reason", "error", "since"],
+            ["agentId", "name", "kind", *extra, "reason", "error", "since"],
             headers={"agentId": "agent"},
         )
-        if waiting:
+        if "agent_blocked" in kinds:
             _stderr().print(
                 "resolve with: corral prompt ID [TEXT] --by NAME --why REASON, or corral stop ID"
             )
+        if "gateway_frozen" in kinds:
+            _stderr().print(
+                "reinstate with: corral gateway reinstate ID --target DB --by NAME --reason WHY"
+            )
+
+    app.add_typer(_gateway_app(target), name="gateway")
 
     @app.command()
     def mcp(ctx: typer.Context) -> None:
@@ -408,6 +427,200 @@ def build_app() -> "typer.Typer":
             asyncio.run(run())
 
     return app
+
+
+def _databases(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
+    from corral.kernel import InvalidArgumentError
+
+    found: dict[str, str] = {}
+    for name, dsn in pairs:
+        if name in found:
+            raise InvalidArgumentError("--db", "NAME", "a name given once", name)
+        found[name] = dsn
+    return found
+
+
+def _param(text: str) -> Any:
+    """A --param value: JSON when it parses (7, true, null, "7", [1,2]), else the text."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _gateway_app(target: Callable[["typer.Context"], _Target]) -> "typer.Typer":
+    """``corral gateway ...``: the databases a daemon fronts (started with --db)."""
+    import typer
+    from rich.table import Table
+
+    gw = typer.Typer(
+        help="The database gateway of a daemon started with --db NAME=DSN: targets, queries, "
+        "breakers, freezes and reinstatements.",
+        no_args_is_help=True,
+    )
+    AgentArg = Annotated[str, typer.Argument(help="The agent's id.")]
+    TargetOpt = Annotated[
+        str | None,
+        typer.Option("--target", "-t", help="The database's name (when there are several)."),
+    ]
+    JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+    @gw.command("targets")
+    def targets(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+        """The databases the daemon fronts."""
+        found = _call(target(ctx), lambda api: api.db_targets())
+        if as_json:
+            _print_json(found)
+            return
+        _print_table("databases", found, ["name", "dialect", "tables", "frozenAgents"])
+
+    @gw.command("query")
+    def query(
+        ctx: typer.Context,
+        agent_id: AgentArg,
+        request: Annotated[
+            str,
+            typer.Argument(help='SQL text, or a structured operation as JSON ({"op": ...}).'),
+        ],
+        param: Annotated[
+            list[str] | None,
+            typer.Option("--param", "-p", help="A parameter ($1, $2, ... in order), as JSON."),
+        ] = None,
+        key: Annotated[
+            str | None, typer.Option("--key", help="Idempotency key (required on writes).")
+        ] = None,
+        plan_hash: Annotated[str | None, typer.Option("--plan-hash")] = None,
+        target_name: TargetOpt = None,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Run one request through the gateway as AGENT_ID."""
+        body: dict[str, Any]
+        if request.lstrip().startswith("{"):
+            with _refusals():
+                body = _load_json_object(request)
+        else:
+            body = {"sql": request}
+        if param:
+            body["params"] = [_param(p) for p in param]
+        if key is not None:
+            body["idempotency_key"] = key
+        if plan_hash is not None:
+            body["plan_hash"] = plan_hash
+        answer = _call(target(ctx), lambda api: api.db_query(agent_id, body, target_name))
+        if as_json:
+            _print_json(answer)
+            return
+        columns = list(answer.get("columns") or [])
+        if columns:
+            _print_table(f"{answer.get('target')}: {answer.get('status')}", answer["rows"], columns)
+        notes = [f"{answer.get('rowCount')} row(s)"]
+        if answer.get("status") == "replayed":
+            notes.append("replayed: the stored result, nothing ran")
+        if answer.get("emptiness"):
+            notes.append(str(answer["emptiness"]))
+        if answer.get("truncated"):
+            notes.append("truncated at the row cap")
+        _stdout().print(", ".join(notes))
+        for warning in answer.get("warnings") or []:
+            _stderr().print(f"warning: {warning}", markup=False)
+
+    @gw.command("status")
+    def status(
+        ctx: typer.Context,
+        agent_id: Annotated[
+            str | None, typer.Argument(help="The agent's id; without it, every frozen agent.")
+        ] = None,
+        target_name: TargetOpt = None,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """An agent's breakers in a database, or every agent frozen anywhere."""
+        if agent_id is None:
+            waiting = _call(target(ctx), lambda api: api.decisions())
+            frozen = [d for d in waiting if d.get("kind") == "gateway_frozen"]
+            if as_json:
+                _print_json(frozen)
+                return
+            _print_table(
+                "frozen agents",
+                frozen,
+                ["target", "agentId", "reason", "since"],
+                headers={"agentId": "agent"},
+            )
+            return
+        found = _call(target(ctx), lambda api: api.db_status(agent_id, target_name))
+        if as_json:
+            _print_json(found)
+            return
+        table = Table("signal", "count", "threshold", title=_status_title(found))
+        thresholds = found.get("thresholds") or {}
+        for name, count in (found.get("counts") or {}).items():
+            table.add_row(name, _cell(count), _cell(thresholds.get(name)))
+        _stdout().print(table)
+        freeze = found.get("freeze")
+        if freeze:
+            _stdout().print(f"frozen since {freeze.get('at')}: {freeze.get('reason')}")
+
+    @gw.command("freeze")
+    def freeze(
+        ctx: typer.Context,
+        agent_id: AgentArg,
+        reason: Annotated[str, typer.Option("--reason", help="Why (recorded).")],
+        by: Annotated[str | None, typer.Option("--by", help="Who (recorded).")] = None,
+        target_name: TargetOpt = None,
+    ) -> None:
+        """Freeze an agent in a database: every request refused until reinstated."""
+        done = _call(target(ctx), lambda api: api.db_freeze(agent_id, reason, by, target_name))
+        _stdout().print(f"{agent_id} frozen in {done.get('target')}: {done.get('reason')}")
+
+    @gw.command("reinstate")
+    def reinstate(
+        ctx: typer.Context,
+        agent_id: AgentArg,
+        by: Annotated[str, typer.Option("--by", help="Who decides (recorded).")],
+        reason: Annotated[str, typer.Option("--reason", help="Why (recorded).")],
+        target_name: TargetOpt = None,
+    ) -> None:
+        """Lift an agent's freeze in a database (a person's decision, recorded)."""
+        done = _call(target(ctx), lambda api: api.db_reinstate(agent_id, by, reason, target_name))
+        _stdout().print(f"{agent_id} reinstated in {done.get('target')} by {done.get('by')}")
+
+    @gw.command("history")
+    def history(
+        ctx: typer.Context,
+        agent_id: AgentArg,
+        target_name: TargetOpt = None,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """An agent's freezes and reinstatements in a database, oldest first."""
+        found = _call(target(ctx), lambda api: api.db_history(agent_id, target_name))
+        if as_json:
+            _print_json(found)
+            return
+        rows = [
+            {**r, "why": r.get("reason"), "who": r.get("by"), "signal": r.get("signal")}
+            for r in found
+        ]
+        _print_table(f"history of {agent_id}", rows, ["at", "kind", "who", "why", "signal"])
+
+    return gw
+
+
+def _status_title(found: dict[str, Any]) -> str:
+    state = "[yellow]frozen[/yellow]" if found.get("frozen") else "[green]open[/green]"
+    window = found.get("windowS")
+    return f"{found.get('agentId')} in {found.get('target')}: {state} (window {window} s)"
+
+
+def _load_json_object(text: str) -> dict[str, Any]:
+    from corral.kernel import InvalidArgumentError
+
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise InvalidArgumentError("gateway query", "request", "valid JSON", str(exc)) from None
+    if not isinstance(value, dict):
+        raise InvalidArgumentError("gateway query", "request", "a JSON object", value)
+    return value
 
 
 def main(argv: list[str] | None = None) -> None:

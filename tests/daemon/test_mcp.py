@@ -37,6 +37,11 @@ TOOL_NAMES = [
     "agent_list",
     "inbox_read",
     "decisions_list",
+    "db_targets",
+    "db_schema",
+    "db_query",
+    "db_status",
+    "db_reinstate",
 ]
 
 

@@ -14,7 +14,8 @@ from urllib.parse import quote, urlencode
 import httpx
 
 from corral.daemon import _errors
-from corral.daemon._errors import DaemonError
+from corral.daemon._databases import Databases, waiting_decisions
+from corral.daemon._errors import DaemonError, UnknownTargetError
 from corral.daemon._events import Event
 from corral.daemon._service import AgentService
 from corral.kernel import SYSTEM_CLOCK, Clock, CorralError, InvalidArgumentError
@@ -62,13 +63,39 @@ class AgentApi(Protocol):
 
     async def decisions(self) -> list[Json]: ...
 
+    # The gateway (a daemon started with --db NAME=DSN). ``target`` None names the only
+    # database there is; gateway refusals raise errors with the gateway's codes.
+
+    async def db_targets(self) -> list[Json]: ...
+
+    async def db_schema(self, target: str | None = None) -> Json: ...
+
+    async def db_query(
+        self, agent_id: str, request: Mapping[str, Any], target: str | None = None
+    ) -> Json: ...
+
+    async def db_status(self, agent_id: str, target: str | None = None) -> Json: ...
+
+    async def db_history(self, agent_id: str, target: str | None = None) -> list[Json]: ...
+
+    async def db_freeze(
+        self, agent_id: str, reason: str, by: str | None = None, target: str | None = None
+    ) -> Json: ...
+
+    async def db_reinstate(
+        self, agent_id: str, by: str, reason: str, target: str | None = None
+    ) -> Json: ...
+
 
 class LocalApi:
-    """:class:`AgentApi` over an :class:`AgentService` in this process."""
+    """:class:`AgentApi` over an :class:`AgentService` (and the daemon's ``databases``, if
+    it fronts any) in this process."""
 
-    def __init__(self, service: AgentService) -> None:
+    def __init__(self, service: AgentService, databases: Databases | None = None) -> None:
         v.instance_of("LocalApi", "service", service, AgentService)
+        v.instance_of("LocalApi", "databases", databases, (Databases, type(None)))
         self.service = service
+        self.databases = databases
 
     async def spawn(self, spec: Mapping[str, Any], idempotency_key: str | None = None) -> Json:
         _mapping("spawn", "spec", spec)
@@ -112,7 +139,39 @@ class LocalApi:
         return self.service.inbox(agent_id)
 
     async def decisions(self) -> list[Json]:
-        return self.service.decisions()
+        return waiting_decisions(self.service, self.databases)
+
+    def _db(self) -> Databases:
+        if self.databases is None:
+            raise UnknownTargetError(None, [])
+        return self.databases
+
+    async def db_targets(self) -> list[Json]:
+        return [] if self.databases is None else self.databases.targets()
+
+    async def db_schema(self, target: str | None = None) -> Json:
+        return self._db().schema(target)
+
+    async def db_query(
+        self, agent_id: str, request: Mapping[str, Any], target: str | None = None
+    ) -> Json:
+        return await self._db().query(target, agent_id, request)
+
+    async def db_status(self, agent_id: str, target: str | None = None) -> Json:
+        return self._db().status(target, agent_id)
+
+    async def db_history(self, agent_id: str, target: str | None = None) -> list[Json]:
+        return await self._db().history(target, agent_id)
+
+    async def db_freeze(
+        self, agent_id: str, reason: str, by: str | None = None, target: str | None = None
+    ) -> Json:
+        return await self._db().freeze(target, agent_id, reason=reason, by=by)
+
+    async def db_reinstate(
+        self, agent_id: str, by: str, reason: str, target: str | None = None
+    ) -> Json:
+        return await self._db().reinstate(target, agent_id, by=by, reason=reason)
 
     async def events(
         self, after: int = 0, agent: str | None = None, limit: int = 1000
@@ -355,6 +414,59 @@ class HttpApi:
 
     async def decisions(self) -> list[Json]:
         return _items(await self._call("GET", "/decisions"), "decisions")
+
+    async def db_targets(self) -> list[Json]:
+        return _items(await self._call("GET", "/gateway"), "targets")
+
+    async def _target(self, target: str | None) -> str:
+        if target is not None:
+            v.non_empty_str("gateway", "target", target)
+            return target
+        names = [str(t["name"]) for t in await self.db_targets()]
+        if len(names) != 1:
+            raise UnknownTargetError(None, names)
+        return names[0]
+
+    async def _agent_path(self, agent_id: str, target: str | None, tail: str = "") -> str:
+        v.non_empty_str("gateway", "agent_id", agent_id)
+        name = await self._target(target)
+        return f"/gateway/{_seg(name)}/agents/{_seg(agent_id)}{tail}"
+
+    async def db_schema(self, target: str | None = None) -> Json:
+        name = await self._target(target)
+        return dict(await self._call("GET", f"/gateway/{_seg(name)}/schema"))
+
+    async def db_query(
+        self, agent_id: str, request: Mapping[str, Any], target: str | None = None
+    ) -> Json:
+        v.non_empty_str("db_query", "agent_id", agent_id)
+        if not isinstance(request, Mapping):
+            raise InvalidArgumentError(
+                "db_query", "request", "a mapping: {sql, params} or {op, table, ...}", request
+            )
+        body = {**request, "agent": agent_id}
+        if target is not None:
+            body["target"] = target
+        return dict(await self._call("POST", "/gateway/query", body))
+
+    async def db_status(self, agent_id: str, target: str | None = None) -> Json:
+        return dict(await self._call("GET", await self._agent_path(agent_id, target)))
+
+    async def db_history(self, agent_id: str, target: str | None = None) -> list[Json]:
+        path = await self._agent_path(agent_id, target, "/history")
+        return _items(await self._call("GET", path), "history")
+
+    async def db_freeze(
+        self, agent_id: str, reason: str, by: str | None = None, target: str | None = None
+    ) -> Json:
+        path = await self._agent_path(agent_id, target, "/freeze")
+        return dict(await self._call("POST", path, _command({"reason": reason, "by": by})))
+
+    async def db_reinstate(
+        self, agent_id: str, by: str, reason: str, target: str | None = None
+    ) -> Json:
+        path = await self._agent_path(agent_id, target, "/reinstate")
+        return dict(await self._call("POST", path, {"by": by, "reason": reason}))
 
     async def events(
         self, after: int = 0, agent: str | None = None, limit: int = 1000

@@ -194,6 +194,36 @@ class OutOfScopeError(DaemonError):
         )
 
 
+class UnknownTargetError(DaemonError):
+    """No database of that name (or none configured, or several and none named)."""
+
+    code = "unknown_target"
+    status = 404
+
+    def __init__(self, target: str | None, names: list[str]) -> None:
+        if not names:
+            message = "the daemon fronts no database: start it with --db NAME=DSN"
+        elif target is None:
+            message = f"several databases are configured ({', '.join(names)}): name one as target"
+        else:
+            message = f"no database named {target!r}; the databases are {', '.join(names)}"
+        super().__init__(message, target=target, targets=names)
+
+
+class GatewayNotInstalledError(DaemonError, UsageError):
+    """``--db`` was given but the gateway's dependencies are not installed."""
+
+    code = "gateway_not_installed"
+    status = 500
+
+    def __init__(self, missing: str) -> None:
+        super().__init__(
+            f"--db needs the gateway extra (missing module {missing!r}): "
+            "pip install 'corral[gateway]'",
+            missing=missing,
+        )
+
+
 def http_status(error: CorralError) -> int:
     """The HTTP status for ``error``: its own ``status``, else by family."""
     status = getattr(error, "status", None)

@@ -18,6 +18,8 @@ NOTICE = "inbox.notice"
 NOTICES_DROPPED = "inbox.dropped"
 DECISION_RESOLVED = "decision.resolved"
 COMMAND_RECORDED = "command.recorded"
+# The gateway (daemons started with --db)
+GATEWAY_FROZEN = "gateway.agent_frozen"
 
 EVENT_TYPES = frozenset(
     {
@@ -32,6 +34,7 @@ EVENT_TYPES = frozenset(
         NOTICES_DROPPED,
         DECISION_RESOLVED,
         COMMAND_RECORDED,
+        GATEWAY_FROZEN,
     }
 )
 

@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import corral
 from corral.daemon._auth import agent_of_token
+from corral.daemon._databases import Databases, waiting_decisions
 from corral.daemon._errors import (
     DaemonError,
     InvalidSpecError,
@@ -210,8 +211,10 @@ def create_app(
     token: str | None = None,
     max_body_bytes: int = 1_048_576,
     heartbeat_s: float = 15.0,
+    databases: Databases | None = None,
 ) -> FastAPI:
-    """The HTTP API over ``service``.
+    """The HTTP API over ``service`` (and the gateway's routes over ``databases``, when
+    given: see :mod:`corral.daemon._http_gateway`).
 
     With ``token``, every request but ``GET /healthz`` needs ``Authorization: Bearer <token>``
     (401 ``unauthorized`` otherwise). An agent's own token (``CORRAL_TOKEN`` in its
@@ -229,6 +232,7 @@ def create_app(
         raise InvalidArgumentError(where, "token", "printable ASCII without spaces", "<hidden>")
     v.positive_int(where, "max_body_bytes", max_body_bytes)
     v.positive_number(where, "heartbeat_s", heartbeat_s)
+    v.instance_of(where, "databases", databases, (Databases, type(None)))
 
     app = FastAPI(
         title="corral daemon",
@@ -340,7 +344,7 @@ def create_app(
                 return items
             return [d for d in items if service.in_scope(principal, d["agentId"])]
 
-        answer: dict[str, Any] = {"decisions": mine(service.decisions())}
+        answer: dict[str, Any] = {"decisions": mine(waiting_decisions(service, databases))}
         if resolved:
             answer["resolutions"] = mine(service.resolutions())
         return JSONResponse(answer)
@@ -406,6 +410,10 @@ def create_app(
         if principal is not None and not service.in_scope(principal, agent_id):
             raise OutOfScopeError(principal, f"agent {agent_id!r}")
 
+    if databases is not None:
+        from corral.daemon._http_gateway import add_gateway_routes  # it imports this module
+
+        add_gateway_routes(app, service, databases)
     return app
 
 
@@ -652,7 +660,7 @@ def _openapi(app: FastAPI, secured: bool) -> dict[str, Any]:
             responses = operation.get("responses", {})
             if "HTTPValidationError" in json.dumps(responses.get("422", {})):
                 del responses["422"]
-    for model in (SpawnBody, PromptBody, StopBody):
+    for model in (SpawnBody, PromptBody, StopBody, *getattr(app.state, "body_models", ())):
         found = model.model_json_schema(by_alias=True, ref_template="#/components/schemas/{model}")
         models.update(found.pop("$defs", {}))
         models[model.__name__] = found

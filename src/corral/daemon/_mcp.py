@@ -1,9 +1,10 @@
 """The agent service's MCP tools, over streamable HTTP (``mcp_asgi_app``) or stdio.
 
 Tools: ``agent_spawn``, ``agent_prompt``, ``agent_stop``, ``agent_status``, ``agent_list``,
-``inbox_read``, ``decisions_list``; each is one call on an :class:`AgentApi`. A refusal is an
-MCP tool error (``isError``) whose text is ``"<code>: <message>"`` and whose structured
-content is ``{"error": {code, message, retryable, details}}``, the HTTP API's error body.
+``inbox_read``, ``decisions_list``, and the gateway's ``db_targets``, ``db_schema``,
+``db_query``, ``db_status``, ``db_reinstate``; each is one call on an :class:`AgentApi`. A
+refusal is an MCP tool error (``isError``) whose text is ``"<code>: <message>"`` and whose
+structured content is ``{"error": {code, message, retryable, details}}``, the HTTP API's error body.
 
 Mounting the streamable HTTP endpoint in a Starlette or FastAPI app (``create_app``'s)::
 
@@ -99,6 +100,42 @@ class NoArgs(_Args):
     pass
 
 
+_TARGET = Field(
+    default=None,
+    min_length=1,
+    description="The database's name (see db_targets); may be left out when there is one.",
+)
+
+
+class DbQueryArgs(_Args):
+    agent_id: str = Field(min_length=1, description="The agent making the request.")
+    request: dict[str, Any] = Field(
+        description='The request: {"sql": "SELECT ... WHERE id = $1", "params": [7]}, or a '
+        'structured operation {"op": "find"|"count"|"insert"|"update"|"delete", "table": ..., '
+        '"where": {"field": value or {"eq"|"ne"|"lt"|"lte"|"gt"|"gte"|"in"|"like"|"is_null": '
+        '...}}, "set": {...}, "values": {...}, "columns": [...], "order_by": [...], '
+        '"limit": n}. Writes need "idempotency_key" (a retry with the same key is replayed, '
+        'never run twice) and may carry "plan_hash".'
+    )
+    target: str | None = _TARGET
+
+
+class DbTargetArgs(_Args):
+    target: str | None = _TARGET
+
+
+class DbAgentArgs(_Args):
+    agent_id: str = _AGENT
+    target: str | None = _TARGET
+
+
+class DbReinstateArgs(_Args):
+    agent_id: str = _AGENT
+    by: str = Field(min_length=1, description="The person who decides (recorded).")
+    reason: str = Field(min_length=1, description="Why the agent may use the database again.")
+    target: str | None = _TARGET
+
+
 Handler = Callable[[AgentApi, Any], Awaitable[dict[str, Any]]]
 
 
@@ -172,6 +209,26 @@ async def _decisions(api: AgentApi, a: NoArgs) -> dict[str, Any]:
     return {"decisions": await api.decisions()}
 
 
+async def _db_targets(api: AgentApi, a: NoArgs) -> dict[str, Any]:
+    return {"targets": await api.db_targets()}
+
+
+async def _db_schema(api: AgentApi, a: DbTargetArgs) -> dict[str, Any]:
+    return await api.db_schema(a.target)
+
+
+async def _db_query(api: AgentApi, a: DbQueryArgs) -> dict[str, Any]:
+    return await api.db_query(a.agent_id, a.request, a.target)
+
+
+async def _db_status(api: AgentApi, a: DbAgentArgs) -> dict[str, Any]:
+    return await api.db_status(a.agent_id, a.target)
+
+
+async def _db_reinstate(api: AgentApi, a: DbReinstateArgs) -> dict[str, Any]:
+    return await api.db_reinstate(a.agent_id, a.by, a.reason, a.target)
+
+
 TOOLS: tuple[_Tool, ...] = (
     _Tool(
         "agent_spawn",
@@ -238,12 +295,69 @@ TOOLS: tuple[_Tool, ...] = (
     _Tool(
         "decisions_list",
         "List decisions",
-        "Everything waiting on a person, oldest first (blocked agents with their reason and "
-        'error; resolve one with agent_prompt or agent_stop), as {"decisions": [...]}.',
+        "Everything waiting on a person, oldest first: blocked agents with their reason and "
+        "error (resolve one with agent_prompt or agent_stop) and agents frozen in a database "
+        '(resolve with db_reinstate), as {"decisions": [...]}.',
         NoArgs,
         _decisions,
         read_only=True,
         idempotent=True,
+    ),
+    _Tool(
+        "db_targets",
+        "List databases",
+        "The databases agents reach through the gateway: name, dialect (postgresql or "
+        'sqlite), number of tables, agents frozen there, as {"targets": [...]}.',
+        NoArgs,
+        _db_targets,
+        read_only=True,
+        idempotent=True,
+    ),
+    _Tool(
+        "db_schema",
+        "Database schema",
+        "The tables and columns of a database that agents may use (name, type, nullable, "
+        "primary key).",
+        DbTargetArgs,
+        _db_schema,
+        read_only=True,
+        idempotent=True,
+    ),
+    _Tool(
+        "db_query",
+        "Query a database",
+        "Run one SQL statement or structured operation through the gateway. Reads run "
+        "read-only; an empty filtered read says genuinely_empty (the tables hold nothing) or "
+        "suspiciously_empty (rows exist that the filter missed: check it before concluding). "
+        "Writes need an idempotency_key; a retry with the same key answers status replayed "
+        "and is not applied twice. Refusals name what is wrong (unknown_column with close "
+        "matches, forbidden_statement, ...); repeated errors freeze the agent (agent_frozen) "
+        "until a person reinstates it.",
+        DbQueryArgs,
+        _db_query,
+        read_only=False,
+        idempotent=False,
+    ),
+    _Tool(
+        "db_status",
+        "Gateway status of an agent",
+        "An agent's breakers in a database: frozen or not (with the freeze and its "
+        "evidence), counts of errors, refusals and suspicious empties in the window, and "
+        "the thresholds.",
+        DbAgentArgs,
+        _db_status,
+        read_only=True,
+        idempotent=True,
+    ),
+    _Tool(
+        "db_reinstate",
+        "Reinstate a frozen agent",
+        "Lift an agent's freeze in a database (a decision of decisions_list), recorded with "
+        "by and reason.",
+        DbReinstateArgs,
+        _db_reinstate,
+        read_only=False,
+        idempotent=False,
     ),
 )
 

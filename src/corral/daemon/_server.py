@@ -8,7 +8,6 @@ import inspect
 import logging
 import math
 import os
-import re
 import signal
 import socket
 import threading
@@ -17,12 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import uvicorn
 from starlette.routing import Route
 
 from corral.daemon._client import LocalApi
+from corral.daemon._databases import Databases, parse_db_option, target_kind
+from corral.daemon._dsn import parse_dsn, redacted
 from corral.daemon._errors import DaemonError
 from corral.daemon._harness import Harness
 from corral.daemon._http import create_app, is_loopback_host
@@ -32,13 +32,6 @@ from corral.daemon._sqlite import SQLiteStore
 from corral.daemon._store import Store
 from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError, UsageError
 from corral.kernel import _validate as v
-
-_STORE_FORMS = "'sqlite:///PATH', a file path, or 'postgresql://...'"
-# The libpq keywords a connection string is likely to start with.
-_CONNINFO = re.compile(
-    r"^\s*(host|hostaddr|port|dbname|user|password|passfile|service|sslmode|options|"
-    r"connect_timeout|application_name|target_session_attrs)\s*="
-)
 
 
 class TokenRequiredError(DaemonError, UsageError):
@@ -72,7 +65,7 @@ def open_store(url: str, *, clock: Clock = SYSTEM_CLOCK) -> Store:
     connection string (``host=... dbname=...``, starting with a libpq keyword and ``=``) a
     ``PostgresStore``. Anything else raises ``InvalidArgumentError``.
     """
-    kind, target = _parse_store_url(url)
+    kind, target = parse_dsn(url)
     if kind == "sqlite":
         return SQLiteStore(target, clock=clock)
     from corral.daemon._postgres import PostgresStore  # psycopg only when it is asked for
@@ -81,36 +74,15 @@ def open_store(url: str, *, clock: Clock = SYSTEM_CLOCK) -> Store:
     return store
 
 
-def _parse_store_url(url: Any) -> tuple[str, str]:
-    where, name = "open_store", "url"
-    v.non_empty_str(where, name, url)
-    if "://" not in url:
-        # "host=db dbname=corral" is PostgreSQL, not a SQLite file of that name.
-        return ("postgresql" if _CONNINFO.match(url) else "sqlite"), url
-    scheme = url.split("://", 1)[0].lower()
-    if scheme in ("postgresql", "postgres"):
-        return "postgresql", url
-    if scheme == "sqlite" and url[len("sqlite://") :].startswith("/"):
-        path = url[len("sqlite:///") :]
-        if path.strip():
-            return "sqlite", path
-    raise InvalidArgumentError(where, name, _STORE_FORMS, _redacted(url))
-
-
-def _redacted(url: str) -> str:
-    if "://" not in url:  # a keyword connection string
-        return re.sub(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", url)
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServeConfig:
     """How ``serve`` runs the daemon.
 
+    ``databases`` maps names to the databases agents reach through the gateway
+    (``postgresql://...``, a libpq keyword string, ``sqlite:///PATH`` or a file path; names
+    are a letter then letters, digits, ``_`` or ``-``); they are opened when the daemon
+    starts, and a database that cannot be reached stops it from starting. ``db_pool_size``,
+    ``db_statement_timeout_s`` and ``db_max_rows`` apply to every agent in every database.
     ``port`` 0 picks a free port. ``token`` defaults to the ``CORRAL_TOKEN`` environment
     variable; a ``host`` that is not loopback without a token raises
     :class:`TokenRequiredError` here, before anything starts. ``store`` is a URL for
@@ -127,6 +99,10 @@ class ServeConfig:
     heartbeat_s: float = 15.0
     max_body_bytes: int = 1_048_576
     shutdown_timeout_s: float = 5.0
+    databases: Mapping[str, str] = field(default_factory=dict)
+    db_pool_size: int = 2
+    db_statement_timeout_s: float = 5.0
+    db_max_rows: int = 1000
 
     def __post_init__(self) -> None:
         where = "ServeConfig"
@@ -134,7 +110,7 @@ class ServeConfig:
         v.non_negative_int(where, "port", self.port)
         if self.port > 65535:
             raise InvalidArgumentError(where, "port", "an integer from 0 to 65535", self.port)
-        _parse_store_url(self.store)
+        parse_dsn(self.store)
         v.instance_of(where, "home", self.home, (str, Path))
         if not str(self.home).strip():
             raise InvalidArgumentError(where, "home", "a non-empty path", self.home)
@@ -148,6 +124,14 @@ class ServeConfig:
         v.positive_number(where, "heartbeat_s", self.heartbeat_s)
         v.positive_int(where, "max_body_bytes", self.max_body_bytes)
         v.positive_number(where, "shutdown_timeout_s", self.shutdown_timeout_s)
+        v.instance_of(where, "databases", self.databases, Mapping)
+        for name, dsn in self.databases.items():
+            parse_db_option(f"{name}={dsn}" if isinstance(name, str) else name)
+            target_kind(dsn)
+        object.__setattr__(self, "databases", dict(self.databases))
+        v.positive_int(where, "db_pool_size", self.db_pool_size)
+        v.positive_number(where, "db_statement_timeout_s", self.db_statement_timeout_s)
+        v.positive_int(where, "db_max_rows", self.db_max_rows)
         if token is None and not is_loopback_host(self.host):
             raise TokenRequiredError(self.host)
 
@@ -191,7 +175,21 @@ async def serve(
             )
             try:
                 await service.start()
-                await _run(config, service, sock, listen_url, local_url, ready)
+                databases = None
+                if config.databases:
+                    databases = await Databases.open(
+                        config.databases,
+                        service=service,
+                        pool_size=config.db_pool_size,
+                        statement_timeout_s=config.db_statement_timeout_s,
+                        max_rows=config.db_max_rows,
+                        clock=clock,
+                    )
+                try:
+                    await _run(config, service, databases, sock, listen_url, local_url, ready)
+                finally:
+                    if databases is not None:
+                        await databases.close()
             finally:
                 await service.close()
         finally:
@@ -203,6 +201,7 @@ async def serve(
 async def _run(
     config: ServeConfig,
     service: AgentService,
+    databases: Databases | None,
     sock: socket.socket,
     listen_url: str,
     local_url: str,
@@ -213,10 +212,11 @@ async def _run(
         token=config.token,
         max_body_bytes=config.max_body_bytes,
         heartbeat_s=config.heartbeat_s,
+        databases=databases,
     )
     # MCP over streamable HTTP, behind the same token and body limit as every other route.
     # A Route at exactly /mcp, not a Mount: MCP clients do not follow a redirect to /mcp/.
-    mcp = mcp_asgi_app(LocalApi(service), host=config.host)
+    mcp = mcp_asgi_app(LocalApi(service, databases), host=config.host)
     app.router.routes.append(Route("/mcp", endpoint=mcp.app))
     try:
         async with mcp.lifespan():
@@ -257,6 +257,8 @@ async def _serve_app(
             started.cancel()
         if not task.done():
             auth = ", bearer token required" if config.token else ""
+            if config.databases:
+                auth += f", databases {', '.join(sorted(config.databases))}"
             print(
                 f"corral: listening on {listen_url} (store {_shown_store(config)}{auth})",
                 flush=True,
@@ -289,10 +291,10 @@ def log_to_stderr(level: int = logging.INFO) -> None:
 
 
 def _shown_store(config: ServeConfig) -> str:
-    kind, target = _parse_store_url(config.store)
+    kind, target = parse_dsn(config.store)
     if kind == "sqlite":
         return f"sqlite:{Path(target).resolve()}"
-    return _redacted(target)
+    return redacted(target)
 
 
 def _default_harnesses() -> dict[str, Harness]:

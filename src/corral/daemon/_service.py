@@ -698,6 +698,40 @@ class AgentService:
             key=lambda n: n["id"],
         )
 
+    async def record_gateway_freeze(self, target: str, freeze: Record) -> None:
+        """Log that the gateway froze an agent in database ``target`` (``freeze`` as JSON:
+        ``agentId``, ``reason``, evidence...). When the agent is one of this daemon's and has
+        a parent, the parent's inbox gets a ``gateway_frozen`` notice. The freeze itself is
+        the gateway's (its journal); this only tells watchers."""
+        async with self._mutex:
+            agent_id = freeze["agentId"]
+            data = {"target": target, **freeze}
+            events = [NewEvent(ev.GATEWAY_FROZEN, agent_id, data)]
+            rec = self.store.state.agents.get(agent_id)
+            if rec is not None and rec["parent"] is not None:
+                events.append(
+                    self._notice(rec, "gateway_frozen", target=target, reason=freeze.get("reason"))
+                )
+            await self._commit(events)
+
+    async def record_gateway_resolution(
+        self, target: str, agent_id: str, freeze: Record | None, reinstatement: Record
+    ) -> None:
+        """Log a person's reinstatement of ``agent_id`` in database ``target`` as a resolved
+        decision (kind ``gateway_frozen``, action ``reinstate``, with ``by`` and ``why``)."""
+        async with self._mutex:
+            data = {
+                "kind": "gateway_frozen",
+                "agentId": agent_id,
+                "target": target,
+                "reason": None if freeze is None else freeze.get("reason"),
+                "freezeId": reinstatement.get("freezeId"),
+                "action": "reinstate",
+                "by": reinstatement["by"],
+                "why": reinstatement["reason"],
+            }
+            await self._commit([NewEvent(ev.DECISION_RESOLVED, agent_id, data)])
+
     def _resolution(self, rec: Record, action: str, by: str | None, why: str | None) -> NewEvent:
         return NewEvent(
             ev.DECISION_RESOLVED,

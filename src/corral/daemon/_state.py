@@ -246,5 +246,6 @@ _HANDLERS: dict[str, Callable[[Tx, Event], None]] = {
     ev.NOTICES_DROPPED: _dropped,
     ev.DECISION_RESOLVED: _resolved,
     ev.COMMAND_RECORDED: _command,
+    ev.GATEWAY_FROZEN: _no_projection,
 }
 assert set(_HANDLERS) == ev.EVENT_TYPES

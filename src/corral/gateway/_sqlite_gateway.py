@@ -210,6 +210,15 @@ class SQLiteGateway:
             )
         return self._breakers
 
+    @property
+    def breaker_policy(self) -> BreakerPolicy | None:
+        """The breakers' policy, None when the gateway has no breakers."""
+        return self._policy
+
+    def frozen_agents(self) -> dict[str, Freeze]:
+        """Every agent frozen now, with its freeze."""
+        return self._require_breakers("frozen_agents").frozen_agents()
+
     async def freeze(self, agent_id: str, reason: str, *, by: str | None = None) -> Freeze:
         """Freeze ``agent_id`` by hand; see :meth:`Gateway.freeze`."""
         where = "SQLiteGateway.freeze"

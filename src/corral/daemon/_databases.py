@@ -1,0 +1,367 @@
+"""The databases the daemon fronts through the gateway, by name (``corral serve --db NAME=DSN``).
+
+Each target is a :class:`corral.gateway.Gateway` (PostgreSQL) or
+:class:`corral.gateway.SQLiteGateway` (a SQLite file), opened when the daemon starts and
+closed when it stops. :class:`Databases` answers in the HTTP API's JSON (camelCase keys;
+rows with JSON values: decimals as strings, times as ISO 8601, bytes as base64), and keeps
+the daemon's event log told: a freeze is logged as ``gateway.agent_frozen`` (with a notice
+in the parent's inbox when the agent is one of the daemon's), a reinstatement made through
+the daemon as ``decision.resolved`` with who and why.
+
+Freezes themselves live in each gateway's journal, so ``decisions()`` reads them from the
+gateways and they survive restarts whatever the event log holds.
+
+The gateway's modules (psycopg, postgast) are imported only when a target is opened: a
+daemon with no ``--db`` needs no more than the ``daemon`` extra.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import ipaddress
+import math
+import re
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from corral.daemon._dsn import parse_dsn
+from corral.daemon._errors import GatewayNotInstalledError, UnknownTargetError
+from corral.daemon._service import AgentService
+from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError
+from corral.kernel import _validate as v
+
+if TYPE_CHECKING:
+    from corral.gateway import BreakerPolicy, Freeze, Gateway, SQLiteGateway
+
+    AnyGateway = Gateway | SQLiteGateway
+
+Json = dict[str, Any]
+
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
+_NAME_RULE = "a letter, then up to 62 letters, digits, '_' or '-'"
+_AGENT_MAX = 200
+
+
+def parse_db_option(text: Any) -> tuple[str, str]:
+    """``NAME=DSN`` as ``(name, dsn)``. The DSN is ``postgresql://...``, a libpq keyword
+    string (``host=... dbname=...``), ``sqlite:///PATH`` or a file path. Raises
+    ``InvalidArgumentError`` naming what is wrong."""
+    where = "--db"
+    v.non_empty_str(where, "value", text)
+    name, sep, dsn = text.partition("=")
+    if not sep or not dsn.strip():
+        raise InvalidArgumentError(where, "value", "NAME=DSN, like shop=postgresql://...", text)
+    if not _NAME.match(name):
+        raise InvalidArgumentError(where, "NAME", _NAME_RULE, name)
+    return name, dsn.strip()
+
+
+def target_kind(dsn: str) -> tuple[str, str]:
+    """``("postgresql", dsn)`` or ``("sqlite", path)`` for a target's DSN."""
+    return parse_dsn(dsn, where="--db", name="DSN")
+
+
+class Databases:
+    """Named gateways, answering in JSON.
+
+    ``gateways`` maps names to open gateways. ``service``, when given, is told of freezes and
+    reinstatements (see the module docstring). Methods raise :class:`UnknownTargetError`
+    for a target that does not exist, ``InvalidArgumentError`` for bad arguments, and the
+    gateway's own ``GatewayError`` for a refused request.
+    """
+
+    def __init__(
+        self, gateways: Mapping[str, AnyGateway], *, service: AgentService | None = None
+    ) -> None:
+        v.instance_of("Databases", "gateways", gateways, Mapping)
+        for name in gateways:
+            if not isinstance(name, str) or not _NAME.match(name):
+                raise InvalidArgumentError("Databases", "gateways", _NAME_RULE, name)
+        v.instance_of("Databases", "service", service, (AgentService, type(None)))
+        self._gateways = dict(gateways)
+        self._service = service
+        # Freezes already told to the event log (those present at start were told before).
+        self._told: set[str] = set()
+        for gw in self._gateways.values():
+            if gw.breaker_policy is not None:
+                self._told.update(f.id for f in gw.frozen_agents().values())
+
+    @classmethod
+    async def open(
+        cls,
+        targets: Mapping[str, str],
+        *,
+        service: AgentService | None = None,
+        pool_size: int = 2,
+        statement_timeout_s: float = 5,
+        max_rows: int = 1000,
+        breaker: BreakerPolicy | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> Databases:
+        """Open a gateway for each ``name -> dsn`` of ``targets`` (all or none: a target
+        that cannot be opened closes the others and raises its ``GatewayError``).
+        ``breaker`` None means the gateway's default policy."""
+        v.instance_of("Databases.open", "targets", targets, Mapping)
+        try:
+            from corral.gateway import BreakerPolicy, Gateway, SQLiteGateway
+        except ModuleNotFoundError as exc:
+            raise GatewayNotInstalledError(exc.name or "corral.gateway") from None
+        policy = breaker if breaker is not None else BreakerPolicy()
+        opened: dict[str, AnyGateway] = {}
+        try:
+            for name, dsn in targets.items():
+                if not isinstance(name, str) or not _NAME.match(name):
+                    raise InvalidArgumentError("Databases.open", "targets", _NAME_RULE, name)
+                kind, where = target_kind(dsn)
+                if kind == "postgresql":
+                    opened[name] = await Gateway.connect(
+                        where,
+                        pool_size=pool_size,
+                        statement_timeout_s=statement_timeout_s,
+                        max_rows=max_rows,
+                        breaker=policy,
+                        clock=clock,
+                    )
+                else:
+                    opened[name] = await SQLiteGateway.connect(
+                        where,
+                        statement_timeout_s=statement_timeout_s,
+                        max_rows=max_rows,
+                        breaker=policy,
+                        clock=clock,
+                    )
+        except BaseException:
+            for gw in opened.values():
+                await gw.close()
+            raise
+        return cls(opened, service=service)
+
+    async def close(self) -> None:
+        """Close every gateway. Idempotent."""
+        gateways, self._gateways = self._gateways, {}
+        for gw in gateways.values():
+            await gw.close()
+
+    # --- reading ----------------------------------------------------------------------------
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._gateways)
+
+    def target(self, name: str | None) -> tuple[str, AnyGateway]:
+        """The gateway named ``name``; None names the only one there is."""
+        if name is None:
+            if len(self._gateways) == 1:
+                return next(iter(self._gateways.items()))
+            raise UnknownTargetError(None, self.names)
+        v.non_empty_str("target", "target", name)
+        gw = self._gateways.get(name)
+        if gw is None:
+            raise UnknownTargetError(name, self.names)
+        return name, gw
+
+    def targets(self) -> list[Json]:
+        """Each database: name, dialect, number of tables and agents frozen there."""
+        answer = []
+        for name in self.names:
+            gw = self._gateways[name]
+            catalog = gw.catalog
+            answer.append(
+                {
+                    "name": name,
+                    "dialect": catalog.dialect,
+                    "tables": len(catalog.tables),
+                    "frozenAgents": len(gw.frozen_agents()) if gw.breaker_policy else 0,
+                }
+            )
+        return answer
+
+    def schema(self, target: str | None) -> Json:
+        """The tables an agent may use in ``target``, with their columns."""
+        name, gw = self.target(target)
+        catalog = gw.catalog
+        tables = [
+            {
+                "name": t.name,
+                "schema": t.schema,
+                "primaryKey": list(t.primary_key),
+                "columns": [
+                    {"name": c.name, "type": c.type, "nullable": c.nullable}
+                    for c in t.columns.values()
+                ],
+            }
+            for _, t in sorted(catalog.tables.items())
+        ]
+        return {"target": name, "dialect": catalog.dialect, "tables": tables}
+
+    def decisions(self) -> list[Json]:
+        """Every agent frozen in any database, waiting on a person to reinstate it."""
+        waiting = []
+        for name in self.names:
+            gw = self._gateways[name]
+            if gw.breaker_policy is None:
+                continue
+            for agent_id, freeze in gw.frozen_agents().items():
+                waiting.append(
+                    {
+                        "kind": "gateway_frozen",
+                        "agentId": agent_id,
+                        "target": name,
+                        "reason": freeze.reason,
+                        "since": freeze.at.isoformat(),
+                        "freeze": _record(freeze.to_dict()),
+                        "resolve": {
+                            "reinstate": f"POST /gateway/{name}/agents/{agent_id}/reinstate"
+                        },
+                    }
+                )
+        return waiting
+
+    # --- requests and breakers --------------------------------------------------------------
+
+    async def query(self, target: str | None, agent_id: str, request: Any) -> Json:
+        """Run ``request`` (the gateway's SQL or structured form) for ``agent_id``."""
+        _agent("query", agent_id)
+        if not isinstance(request, Mapping):
+            raise InvalidArgumentError(
+                "query", "request", "an object: {sql, params} or {op, table, ...}", request
+            )
+        name, gw = self.target(target)
+        try:
+            result = await gw.query(agent_id, request)
+        except Exception as exc:
+            if getattr(exc, "code", None) != "agent_frozen":
+                await self._tell_freeze(name, gw, agent_id)
+            raise
+        if result.emptiness == "suspiciously_empty":
+            await self._tell_freeze(name, gw, agent_id)
+        return {
+            "target": name,
+            "status": result.status,
+            "columns": list(result.columns),
+            "rows": [{k: to_json(val) for k, val in row.items()} for row in result.rows],
+            "rowCount": result.row_count,
+            "emptiness": result.emptiness,
+            "warnings": list(result.warnings),
+            "truncated": result.truncated,
+        }
+
+    def status(self, target: str | None, agent_id: str) -> Json:
+        _agent("status", agent_id)
+        name, gw = self.target(target)
+        return {"target": name, **_record(gw.status(agent_id).to_dict())}
+
+    async def history(self, target: str | None, agent_id: str) -> list[Json]:
+        _agent("history", agent_id)
+        name, gw = self.target(target)
+        return [{"target": name, **_record(r.to_dict())} for r in await gw.history(agent_id)]
+
+    async def freeze(
+        self, target: str | None, agent_id: str, *, reason: str, by: str | None = None
+    ) -> Json:
+        """Freeze ``agent_id`` by hand in ``target``; idempotent (an agent already frozen
+        keeps its freeze, which is answered)."""
+        _agent("freeze", agent_id)
+        v.non_empty_str("freeze", "reason", reason)
+        v.non_empty_str("freeze", "by", by, optional=True)
+        name, gw = self.target(target)
+        freeze = await gw.freeze(agent_id, reason, by=by)
+        await self._told_of(name, freeze)
+        return {"target": name, **_record(freeze.to_dict())}
+
+    async def reinstate(self, target: str | None, agent_id: str, *, by: str, reason: str) -> Json:
+        """Lift ``agent_id``'s freeze in ``target``, recorded with ``by`` and ``reason``
+        (in the gateway's journal, and as a resolved decision in the event log)."""
+        _agent("reinstate", agent_id)
+        v.non_empty_str("reinstate", "by", by)
+        v.non_empty_str("reinstate", "reason", reason)
+        name, gw = self.target(target)
+        freeze = gw.status(agent_id).freeze
+        done = await gw.reinstate(agent_id, by=by, reason=reason)
+        if self._service is not None:
+            await self._service.record_gateway_resolution(
+                name, agent_id, _freeze_json(freeze), _record(done.to_dict())
+            )
+        return {"target": name, **_record(done.to_dict())}
+
+    async def _tell_freeze(self, name: str, gw: AnyGateway, agent_id: str) -> None:
+        if gw.breaker_policy is None:
+            return
+        freeze = gw.status(agent_id).freeze
+        if freeze is not None:
+            await self._told_of(name, freeze)
+
+    async def _told_of(self, name: str, freeze: Freeze) -> None:
+        if freeze.id in self._told:
+            return
+        self._told.add(freeze.id)
+        if self._service is not None:
+            await self._service.record_gateway_freeze(name, _record(freeze.to_dict()))
+
+
+def waiting_decisions(service: AgentService, databases: Databases | None) -> list[Json]:
+    """Everything waiting on a person, oldest first: blocked agents and, with
+    ``databases``, agents frozen in a database."""
+    waiting = service.decisions()
+    if databases is not None:
+        waiting = sorted([*waiting, *databases.decisions()], key=lambda d: d["since"])
+    return waiting
+
+
+def _agent(where: str, agent_id: Any) -> None:
+    v.non_empty_str(where, "agent", agent_id)
+    if len(agent_id) > _AGENT_MAX:
+        raise InvalidArgumentError(
+            where, "agent", f"at most {_AGENT_MAX} characters", f"{len(agent_id)} characters"
+        )
+
+
+def _freeze_json(freeze: Freeze | None) -> Json | None:
+    return None if freeze is None else _record(freeze.to_dict())
+
+
+def _record(data: Mapping[str, Any]) -> Json:
+    """A gateway record (snake_case) in the daemon's camelCase, values made JSON."""
+    return {_camel(k): _record_value(val) for k, val in data.items()}
+
+
+def _record_value(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return _record(value)
+    if isinstance(value, list | tuple):
+        return [_record_value(x) for x in value]
+    return to_json(value)
+
+
+def _camel(key: str) -> str:
+    head, *rest = key.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def to_json(value: Any) -> Any:
+    """A database value as JSON: numbers, strings, booleans and null as they are; decimals
+    (exact) and NaN or infinite floats as strings; dates and times as ISO 8601; intervals
+    as seconds; UUIDs and IP addresses as text; bytes as base64; arrays and JSON documents
+    element by element; anything else as its text."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, Mapping):
+        return {str(k): to_json(x) for k, x in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_json(x) for x in value]
+    if isinstance(value, uuid.UUID | ipaddress.IPv4Address | ipaddress.IPv6Address):
+        return str(value)
+    return str(value)

@@ -1,0 +1,172 @@
+"""``corral serve --db NAME=DSN`` in a real process, driven by ``corral gateway ...``: targets,
+queries, a breaker that freezes an agent, the freeze in ``corral decisions``, reinstatement
+with who and why, and history. Against a real PostgreSQL and a real SQLite file."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.gateway.corpus import SHOP_ROWS, shop_sqlite_file
+from tests.gateway.gateway_support import shop_dsn
+from tests.test_cli import corral, ok, refused
+
+__all__ = ["shop_dsn"]  # a fixture
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+async def daemon_url(tmp_path: Path, shop_dsn: str) -> AsyncIterator[str]:
+    local = shop_sqlite_file(tmp_path)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "corral.cli",
+        "serve",
+        "--port",
+        "0",
+        "--store",
+        f"sqlite:///{tmp_path}/corral.db",
+        "--home",
+        str(tmp_path / "home"),
+        "--db",
+        f"shop={shop_dsn}",
+        "--db",
+        f"local=sqlite:///{local}",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "CORRAL_TOKEN": ""},
+    )
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode()
+        found = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
+        assert found, line
+        assert "databases local, shop" in line
+        yield found.group(1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 0, stderr
+    assert b"Traceback" not in stderr
+
+
+async def gw(url: str, *args: str) -> str:
+    return ok(await corral("--url", url, "gateway", *args))
+
+
+async def test_targets_and_queries(daemon_url: str) -> None:
+    targets = json.loads(await gw(daemon_url, "targets", "--json"))
+    assert [(t["name"], t["dialect"]) for t in targets] == [
+        ("local", "sqlite"),
+        ("shop", "postgresql"),
+    ]
+    table = await gw(daemon_url, "targets")
+    assert "postgresql" in table
+    assert "sqlite" in table
+
+    sql = "SELECT id, status FROM orders WHERE status = $1 ORDER BY id"
+    answer = json.loads(
+        await gw(daemon_url, "query", "a-1", sql, "-p", '"paid"', "-t", "shop", "--json")
+    )
+    _, rows = SHOP_ROWS["orders"]
+    assert [r["id"] for r in answer["rows"]] == sorted(o[0] for o in rows if o[2] == "paid")
+
+    result = await corral(
+        "--url", daemon_url, "gateway", "query", "a-1", sql, "-p", "nothing-like-it", "-t", "shop"
+    )
+    assert result.exit_code == 0, result.output
+    assert "0 row(s), suspiciously_empty" in result.stdout
+    assert result.stderr.startswith("warning: suspiciously empty:")
+
+    write = json.dumps(
+        {"op": "update", "table": "orders", "where": {"id": 3}, "set": {"status": "refunded"}}
+    )
+    first = await gw(daemon_url, "query", "a-1", write, "--key", "r-3", "-t", "local")
+    again = await gw(daemon_url, "query", "a-1", write, "--key", "r-3", "-t", "local")
+    assert first.strip() == "1 row(s)"
+    assert "replayed: the stored result, nothing ran" in again
+
+    err = refused(
+        await corral("--url", daemon_url, "gateway", "query", "a-1", write, "-t", "local"), 2
+    )
+    assert err.startswith("error idempotency_key_required:")
+    err = refused(await corral("--url", daemon_url, "gateway", "query", "a-1", "SELECT 1"), 2)
+    assert err.startswith("error unknown_target: several databases are configured")
+
+
+async def test_freeze_decide_reinstate_and_history(daemon_url: str) -> None:
+    for _ in range(3):
+        await gw(
+            daemon_url, "freeze", "bot-1", "--reason", "runaway loop", "--by", "ops", "-t", "shop"
+        )
+    err = refused(
+        await corral("--url", daemon_url, "gateway", "query", "bot-1", "SELECT 1", "-t", "shop"), 2
+    )
+    assert err.startswith("error agent_frozen:")
+
+    frozen = json.loads(await gw(daemon_url, "status", "--json"))
+    assert [(f["target"], f["agentId"], f["reason"]) for f in frozen] == [
+        ("shop", "bot-1", "runaway loop")
+    ]
+    decisions = await corral("--url", daemon_url, "decisions")
+    assert decisions.exit_code == 0, decisions.output
+    assert "gateway_frozen" in decisions.stdout
+    assert "bot-1" in decisions.stdout
+    assert decisions.stderr.startswith("reinstate with: corral gateway reinstate ID")
+    status = await gw(daemon_url, "status", "bot-1", "-t", "shop")
+    assert "frozen" in status
+    assert "runaway loop" in status
+
+    err = refused(
+        await corral(
+            "--url", daemon_url, "gateway", "reinstate", "bot-1", "--by", "dana", "-t", "shop"
+        ),
+        2,
+    )
+    assert "--reason" in err
+    done = await gw(
+        daemon_url, "reinstate", "bot-1", "--by", "dana", "--reason", "loop fixed", "-t", "shop"
+    )
+    assert done.strip() == "bot-1 reinstated in shop by dana"
+    assert json.loads(await gw(daemon_url, "status", "--json")) == []
+    history = json.loads(await gw(daemon_url, "history", "bot-1", "-t", "shop", "--json"))
+    assert [(h["kind"], h["by"], h["reason"]) for h in history] == [
+        ("freeze", "ops", "runaway loop"),
+        ("reinstatement", "dana", "loop fixed"),
+    ]
+    resolved = json.loads(
+        ok(
+            await corral(
+                "--url",
+                daemon_url,
+                "gateway",
+                "query",
+                "bot-1",
+                "SELECT 1 AS x",
+                "-t",
+                "shop",
+                "--json",
+            )
+        )
+    )
+    assert resolved["rows"] == [{"x": 1}]
+
+
+async def test_serve_refuses_a_bad_or_repeated_db(tmp_path: Path) -> None:
+    base = ["serve", "--port", "0", "--home", str(tmp_path)]
+    err = refused(await corral(*base, "--db", "shop"), 2)
+    assert err.startswith("error invalid_argument: --db: value must be NAME=DSN")
+    err = refused(await corral(*base, "--db", "a=x.db", "--db", "a=y.db"), 2)
+    assert "a name given once" in err
+    err = refused(await corral(*base, "--db", "s=mysql://h/db"), 2)
+    assert "postgresql://" in err
