@@ -68,6 +68,7 @@ def test_make_run_team_shows_each_policy(tmp_path: Path) -> None:
                 "fetcher": "idle",
                 "billing": "blocked",
                 "deployer": "blocked",
+                "auditor": "idle",
             }
             return all(found.get(n, {}).get("state") == s for n, s in want.items())
 
@@ -89,6 +90,34 @@ def test_make_run_team_shows_each_policy(tmp_path: Path) -> None:
         )
         assert "circuit-tripped" in decisions.stdout
         assert "deployer" in decisions.stdout
+        assert "gateway_frozen" in decisions.stdout
+        auditor = str(found["auditor"]["id"])
+        assert auditor in decisions.stdout
+        assert "the gateway stopped me: agent_frozen" in str(found["auditor"]["lastOutput"])
+        reinstated = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "corral.cli",
+                "--url",
+                url,
+                "gateway",
+                "reinstate",
+                auditor,
+                "--target",
+                "shop",
+                "--by",
+                "you",
+                "--reason",
+                "filter fixed",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+            env=env,
+        )
+        assert reinstated.stdout.strip() == f"{auditor} reinstated in shop by you"
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(20)

@@ -4,7 +4,10 @@ The team (examples/team/team.json) is a lead with four command-harness workers:
 - indexer always succeeds;
 - fetcher fails now and then and is retried (onFailure retry, maxRetries 2);
 - billing keeps failing, so the circuit breaker holds it (circuit-tripped);
-- deployer's failure is sent to a person (onFailure ask): it waits in `corral decisions`.
+- deployer's failure is sent to a person (onFailure ask): it waits in `corral decisions`;
+- auditor reads the shop database (.corral/shop.db, given to the daemon as
+  ``--db shop=...``) through the gateway, and keeps reading empty answers as absence until
+  the gateway freezes it: the freeze waits in `corral decisions` too.
 Spawning uses idempotency keys, so running this again on the same store adds no second team.
 Every 15 s indexer and fetcher get a new prompt (for 10 minutes), so events keep coming.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,6 +30,42 @@ from corral.daemon._server import log_to_stderr
 HERE = Path(__file__).resolve().parent
 ROUNDS = 40
 EVERY_S = 15.0
+
+
+STATUSES = ("paid", "shipped", "refunded", "open")
+
+
+def ensure_shop(path: Path) -> Path:
+    """Create the shop at ``path`` unless it exists; idempotent."""
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    conn = sqlite3.connect(tmp)
+    try:
+        conn.executescript(
+            """
+            CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT NOT NULL,
+                                    country TEXT NOT NULL);
+            CREATE TABLE orders (id INTEGER PRIMARY KEY,
+                                 customer_id INTEGER NOT NULL REFERENCES customers (id),
+                                 status TEXT NOT NULL, total NUMERIC NOT NULL);
+            """
+        )
+        conn.executemany(
+            "INSERT INTO customers VALUES (?, ?, ?)",
+            [(1, "Alice", "FR"), (2, "Bob", "DE"), (3, "Chloe", "US"), (4, "Dario", "IT")],
+        )
+        conn.executemany(
+            "INSERT INTO orders VALUES (?, ?, ?, ?)",
+            [(i, 1 + i % 4, STATUSES[i % len(STATUSES)], 10 + 7 * i) for i in range(1, 25)],
+        )
+        conn.commit()
+    finally:
+        conn.close()
+    tmp.replace(path)  # whole or not at all
+    return path
 
 
 def team_specs() -> list[dict[str, Any]]:
@@ -62,6 +102,11 @@ async def spawn_team(url: str) -> None:
             "  .venv/bin/corral decisions\n"
             f'  .venv/bin/corral prompt {ids["deployer"]} "go ahead" --by you '
             '--why "release checked"\n'
+            "  .venv/bin/corral gateway status\n"
+            f"  .venv/bin/corral gateway reinstate {ids['auditor']} --target shop --by you "
+            '--reason "filter fixed"\n'
+            "  .venv/bin/corral gateway query me "
+            '"SELECT status, count(*) FROM orders GROUP BY status"\n'
             "Ctrl-C stops the daemon; `make run` again picks up where it left off.",
             flush=True,
         )
@@ -82,7 +127,8 @@ async def main() -> None:
 
     log_to_stderr()
     port = int(os.environ.get("CORRAL_PORT", "4600"))
-    await serve(ServeConfig(port=port), ready=ready)
+    shop = ensure_shop(Path(".corral") / "shop.db")
+    await serve(ServeConfig(port=port, databases={"shop": str(shop)}), ready=ready)
     for task in tasks:
         task.cancel()
 
