@@ -432,3 +432,21 @@ def test_values_become_json() -> None:
     assert to_json(b"\x00\xff") == "AP8="
     assert to_json(uuid.UUID(int=1)) == "00000000-0000-0000-0000-000000000001"
     assert to_json({"a": [decimal.Decimal("1.0"), None]}) == {"a": ["1.0", None]}
+
+
+async def test_a_freeze_that_cannot_be_logged_still_holds_and_answers(
+    env: Env, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def store_down(target: str, freeze: dict[str, Any]) -> None:
+        raise RuntimeError("store down")
+
+    monkeypatch.setattr(env.service, "record_gateway_freeze", store_down)
+    bad = {"op": "find", "table": "orders", "where": {"nope": 1}}
+    codes = []
+    for _ in range(4):
+        with pytest.raises(GatewayError) as caught:
+            await env.databases.query("local", "bot-2", bad)
+        codes.append(caught.value.code)
+    assert codes == ["unknown_column"] * 3 + ["agent_frozen"]
+    assert [d["agentId"] for d in env.databases.decisions()] == ["bot-2"]
+    assert "could not log the freeze of bot-2 in local" in caplog.text

@@ -21,6 +21,7 @@ import base64
 import datetime as dt
 import decimal
 import ipaddress
+import logging
 import math
 import re
 import uuid
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     AnyGateway = Gateway | SQLiteGateway
 
 Json = dict[str, Any]
+logger = logging.getLogger("corral.daemon.gateway")
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
 _NAME_RULE = "a letter, then up to 62 letters, digits, '_' or '-'"
@@ -298,8 +300,14 @@ class Databases:
         if freeze.id in self._told:
             return
         self._told.add(freeze.id)
-        if self._service is not None:
+        if self._service is None:
+            return
+        try:
             await self._service.record_gateway_freeze(name, _record(freeze.to_dict()))
+        except Exception:
+            # The freeze holds (it is in the gateway's journal, and in GET /decisions); only
+            # the event is missing, and the request's own answer must not be replaced by this.
+            logger.exception("could not log the freeze of %s in %s", freeze.agent_id, name)
 
 
 def waiting_decisions(service: AgentService, databases: Databases | None) -> list[Json]:
