@@ -2,26 +2,39 @@
 
 Everything here runs on the gateway's worker threads, never on the event loop.
 
-Reads. Each worker thread keeps one connection opened with ``mode=ro`` (and ``PRAGMA
-query_only``), so the engine refuses any write a read might carry (``read_only_violation``).
-A read fetches at most ``max_rows + 1`` rows; one that returns none (or counts zero) with a
-filter is run again in one read transaction together with the compiled ``exists_sql``, so rows
-and emptiness verdict come from one snapshot. A progress handler interrupts a statement past
-the statement timeout (``statement_timeout``).
+Connections. One read-write connection to the target (writes, the journal, recovery), used
+under one lock (SQLite has a single writer anyway); one read-only connection per worker thread
+for reads; one read-only connection for compiling agents' SQL (see :mod:`~._sqlite_sql`),
+under its own lock. Each has a :class:`~._sqlite_sql.Wall` as its authorizer, armed only
+while an agent's SQL statement is compiled or run.
 
-Writes. One read-write connection to the target and one to the journal, used under one lock
-(SQLite has a single writer anyway). The journal row is committed as ``in_flight`` before the
-write runs, then updated to ``completed`` with the result after the write committed. A write
-the engine refused rolls back and its journal row is deleted (its fate is known: not applied).
-A crash between the two journal commits leaves ``in_flight``: the write may or may not have
-been applied, and the key is ``outcome_unknown`` from then on.
+Reads. Reader connections are opened with ``mode=ro`` (and ``PRAGMA query_only``), so the
+engine refuses any write a read might carry (``read_only_violation``). A read fetches at most
+``max_rows + 1`` rows; one that returns none (or counts zero) with a filter is run again in
+one read transaction together with an exact ``EXISTS`` on every table it reads, so rows and
+emptiness verdict come from one snapshot. A progress handler interrupts a statement past the
+statement timeout (``statement_timeout``).
+
+Writes. ``BEGIN IMMEDIATE``; look the key up in the journal (a hit ends the transaction and
+returns what is journalled); run the write; insert the journal row, ``completed``, with the
+result; ``COMMIT``. The journal is the table ``corral_gateway_journal`` in the target itself,
+so the key and the write commit or vanish together: a crash at any point leaves either both
+(the retry is ``replayed``) or neither (the retry runs the write). The table is hidden from
+the catalog and from agents' SQL. A write the engine refuses rolls back with its key.
+
+Crash recovery. A process killed in a write can leave a hot rollback journal next to the
+target, which only a read-write connection may roll back: the engine reads the schema on its
+read-write connection before any reader opens, and a reader that meets a hot journal later
+(``SQLITE_READONLY_ROLLBACK``, another process crashed) has it rolled back the same way and
+retries once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,10 +44,18 @@ from corral.gateway._catalog import Catalog
 from corral.gateway._catalog_load import load_sqlite_catalog
 from corral.gateway._errors import GatewayError
 from corral.gateway._journal import StoredResult, decode_result, encode_result
-from corral.gateway._ops import CompiledOperation
+from corral.gateway._ops import CompiledOperation, quote_identifier
 from corral.gateway._result import GatewayResult
+from corral.gateway._sqlite_sql import (
+    SqliteAnalysis,
+    SqliteSqlAnalyzer,
+    Wall,
+    compile_error,
+    located,
+    prewarm,
+)
 
-__all__ = ["JOURNAL_TABLE", "ReadPlan", "SQLiteEngine"]
+__all__ = ["JOURNAL_TABLE", "Journalled", "ReadPlan", "SQLiteEngine", "WritePlan"]
 
 JOURNAL_TABLE = "corral_gateway_journal"
 _JOURNAL_SCHEMA = f"""
@@ -49,28 +70,79 @@ CREATE TABLE IF NOT EXISTS {JOURNAL_TABLE} (
     PRIMARY KEY (agent_id, key)
 )
 """
+_JOURNAL_COLUMNS = "agent_id, key, fingerprint, state, result, created_at, completed_at"
+_HIDDEN = frozenset({JOURNAL_TABLE})
 _PROGRESS_STEPS = 1000  # SQLite virtual-machine instructions between timeout checks
+_BUSY_TIMEOUT_MS = 5000
 
 
 @dataclass(frozen=True, slots=True)
 class ReadPlan:
-    """A read as the engine runs it: ``exists_sql`` only for a filtered read."""
+    """A read as the engine runs it.
+
+    ``tables``: the catalog names ``exists_sql`` checks, one ``EXISTS`` column each;
+    ``exists_sql`` is None when an empty answer needs no verdict (no filter).
+    ``count_op``: a structured ``count``, whose zero counts as empty. ``agent_sql``: the
+    statement is an agent's SQL, run with the connection's wall armed.
+    """
 
     sql: str
     params: tuple[Any, ...]
-    table: str
-    exists_sql: str | None
-    count_op: bool
+    tables: tuple[str, ...] = ()
+    exists_sql: str | None = None
+    count_op: bool = False
+    agent_sql: bool = False
+    ctes: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, compiled: CompiledOperation) -> ReadPlan:
         return cls(
             compiled.sql,
             compiled.params,
-            compiled.table,
+            (compiled.table,),
             compiled.exists_sql if compiled.filtered else None,
             compiled.op == "count",
         )
+
+    @classmethod
+    def of_sql(
+        cls, analysis: SqliteAnalysis, params: tuple[Any, ...], catalog: Catalog
+    ) -> ReadPlan:
+        names = tuple(catalog.tables[key].name for key in analysis.tables if key in catalog.tables)
+        exists = None
+        if analysis.filtered and names:
+            checks = ", ".join(
+                f"EXISTS (SELECT 1 FROM {quote_identifier(name, 'sqlite')})" for name in names
+            )
+            exists = f"SELECT {checks}"
+        return cls(analysis.executable, params, names, exists, False, True, analysis.ctes)
+
+
+@dataclass(frozen=True, slots=True)
+class WritePlan:
+    """A write as the engine runs it; ``agent_sql`` as for :class:`ReadPlan`."""
+
+    sql: str
+    params: tuple[Any, ...]
+    agent_sql: bool = False
+    ctes: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, compiled: CompiledOperation) -> WritePlan:
+        return cls(compiled.sql, compiled.params)
+
+    @classmethod
+    def of_sql(cls, analysis: SqliteAnalysis, params: tuple[Any, ...]) -> WritePlan:
+        return cls(analysis.executable, params, True, analysis.ctes)
+
+
+@dataclass(frozen=True, slots=True)
+class Journalled:
+    """What the journal holds for a key: nothing ran."""
+
+    fingerprint: str
+    state: str
+    result: StoredResult | None
 
 
 def _columns(cursor: sqlite3.Cursor) -> tuple[str, ...]:
@@ -88,8 +160,13 @@ def _columns(cursor: sqlite3.Cursor) -> tuple[str, ...]:
     return tuple(unique)
 
 
+def _hide(catalog: Catalog) -> Catalog:
+    tables = {key: table for key, table in catalog.tables.items() if key not in _HIDDEN}
+    return Catalog(tables=tables, version=catalog.version, dialect=catalog.dialect)
+
+
 class SQLiteEngine:
-    """Blocking access to one SQLite target and its journal; see the module docstring."""
+    """Blocking access to one SQLite target; see the module docstring."""
 
     def __init__(
         self,
@@ -101,7 +178,7 @@ class SQLiteEngine:
         monotonic: Callable[[], float],
     ) -> None:
         self.path = path
-        self.journal_path = journal_path
+        self.journal_path = journal_path  # where keys were kept before they moved to the target
         self._timeout_s = statement_timeout_s
         self._max_rows = max_rows
         self._monotonic = monotonic
@@ -110,12 +187,26 @@ class SQLiteEngine:
         self._readers_lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._target: sqlite3.Connection | None = None
-        self._journal: sqlite3.Connection | None = None
+        self._target_wall = Wall()
+        self._analysis: sqlite3.Connection | None = None
+        self._analysis_wall = Wall()
+        self._analysis_lock = threading.Lock()
+        self._journal_ready = False
+        self._schema_version: int | None = None
+        self._visible: frozenset[str] = frozenset()
+        self._hidden: frozenset[str] = _HIDDEN
+        self.catalog: Catalog | None = None
+        self.analyzer = SqliteSqlAnalyzer()
 
     # --- lifecycle (worker thread) -----------------------------------------------------------
 
     def open(self) -> tuple[Catalog, int]:
-        """Open the target and the journal; the catalog and the count of keys in flight."""
+        """Open the target; the catalog and the count of keys journalled in flight.
+
+        Creates the journal table when the target is writable, and moves keys journalled
+        by earlier versions in ``journal_path`` into it. Raises
+        ``GatewayError("database_unavailable")``.
+        """
         if not self.path.is_file():
             raise GatewayError(
                 "database_unavailable",
@@ -123,57 +214,150 @@ class SQLiteEngine:
                 path=str(self.path),
             )
         try:
-            self._target = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            self._target.execute("PRAGMA busy_timeout=5000")
-            self.journal_path.parent.mkdir(parents=True, exist_ok=True)
-            journal = sqlite3.connect(
-                self.journal_path, isolation_level=None, check_same_thread=False
-            )
-            self._journal = journal
-            journal.execute("PRAGMA journal_mode=WAL")
-            journal.execute("PRAGMA synchronous=FULL")
-            journal.execute("PRAGMA busy_timeout=5000")
-            journal.execute(_JOURNAL_SCHEMA)
-            in_flight = journal.execute(
-                f"SELECT count(*) FROM {JOURNAL_TABLE} WHERE state = 'in_flight'"
-            ).fetchone()[0]
-            return self.load_catalog(), int(in_flight)
+            target = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._target = target
+            target.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+            # First touch on the read-write connection: it rolls back a hot journal a crash
+            # left, which the read-only connections opened next could not.
+            target.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            prewarm(target)
+            self._hidden = _HIDDEN | _modules(target)
+            self._target_wall.hidden = self._analysis_wall.hidden = self._hidden
+            target.set_authorizer(self._target_wall)
+            self._create_journal(target)
+            self._adopt_legacy_keys(target)
+            analysis = self._connect_read_only(cached_statements=0)
+            self._analysis = analysis
+            analysis.set_authorizer(self._analysis_wall)
+            in_flight = self._in_flight(target)
+            return self.load_catalog(), in_flight
         except sqlite3.Error as exc:
             self.close()
             raise _unavailable(self.path, exc) from None
 
+    def _create_journal(self, target: sqlite3.Connection) -> None:
+        try:
+            target.execute(_JOURNAL_SCHEMA)
+            self._journal_ready = True
+        except sqlite3.OperationalError as exc:
+            if "readonly" not in str(exc):
+                raise
+            # A target that cannot be written: reads work; a write fails as it runs.
+
+    def _adopt_legacy_keys(self, target: sqlite3.Connection) -> None:
+        if not self._journal_ready or not self.journal_path.is_file():
+            return
+        legacy = sqlite3.connect(self.journal_path, isolation_level=None)
+        try:
+            found = legacy.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (JOURNAL_TABLE,)
+            ).fetchone()
+            if found is None:
+                return
+            rows = legacy.execute(f"SELECT {_JOURNAL_COLUMNS} FROM {JOURNAL_TABLE}").fetchall()
+            with self._transaction(target):
+                target.executemany(
+                    f"INSERT OR IGNORE INTO {JOURNAL_TABLE} ({_JOURNAL_COLUMNS}) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    rows,
+                )
+            # Dropped only once the target holds the keys: a crash in between copies again.
+            legacy.execute(f"DROP TABLE {JOURNAL_TABLE}")
+        finally:
+            legacy.close()
+
+    def _in_flight(self, target: sqlite3.Connection) -> int:
+        if not self._journal_ready:
+            return 0
+        row = target.execute(
+            f"SELECT count(*) FROM {JOURNAL_TABLE} WHERE state = 'in_flight'"
+        ).fetchone()
+        return int(row[0])
+
     def load_catalog(self) -> Catalog:
-        return load_sqlite_catalog(self._reader())
+        """Read the catalog (the journal hidden) and make it the one agents' SQL is checked
+        against."""
+        conn = self._reader()
+        catalog = _hide(load_sqlite_catalog(conn))
+        self._schema_version = int(conn.execute("PRAGMA schema_version").fetchone()[0])
+        self.catalog = catalog
+        self._visible = frozenset(catalog.tables)
+        return catalog
+
+    def refresh_catalog(self) -> Catalog | None:
+        """A new catalog when the schema changed since the last load, else None."""
+        version = int(self._reader().execute("PRAGMA schema_version").fetchone()[0])
+        if version == self._schema_version:
+            return None
+        return self.load_catalog()
 
     def close(self) -> None:
         with self._readers_lock:
             readers, self._readers = self._readers, []
-        for conn in [*readers, self._target, self._journal]:
+        for conn in [*readers, self._target, self._analysis]:
             if conn is not None:
                 conn.close()
-        self._target = self._journal = None
+        self._target = self._analysis = None
+
+    # --- analysis ---------------------------------------------------------------------------
+
+    def analyze(self, sql: str, catalog: Catalog) -> SqliteAnalysis:
+        """Analyse an agent's SQL (cached); see :func:`~._sqlite_sql.analyze_sqlite`."""
+        with self._analysis_lock:
+            conn = self._analysis
+            if conn is None:
+                raise GatewayError("database_unavailable", "the gateway is closed or not open")
+            return self.analyzer.analyze(sql, catalog, conn, self._analysis_wall)
 
     # --- reads ------------------------------------------------------------------------------
+
+    def _connect_read_only(self, *, cached_statements: int = 128) -> sqlite3.Connection:
+        uri = f"file:{quote(str(self.path.resolve()))}?mode=ro"
+        conn = sqlite3.connect(
+            uri,
+            uri=True,
+            isolation_level=None,
+            check_same_thread=False,
+            cached_statements=cached_statements,
+        )
+        conn.execute("PRAGMA query_only=ON")
+        conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+        prewarm(conn)
+        return conn
 
     def _reader(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
-            uri = f"file:{quote(str(self.path.resolve()))}?mode=ro"
-            conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA query_only=ON")
-            self._local.conn = conn
+            conn = self._connect_read_only()
+            wall = Wall()
+            wall.hidden = self._hidden
+            conn.set_authorizer(wall)
+            self._local.conn, self._local.wall = conn, wall
             with self._readers_lock:
                 self._readers.append(conn)
         return conn
 
     def read(self, plan: ReadPlan) -> GatewayResult:
         """Run ``plan`` read-only; raises ``GatewayError`` (``read_only_violation``,
-        ``statement_timeout``, ``database_error``, ``database_unavailable``)."""
+        ``statement_timeout``, ``database_error``, ``database_unavailable``, and for an
+        agent's SQL the refusals of its wall)."""
+        for attempt in range(2):
+            try:
+                return self._read(plan)
+            except sqlite3.Error as exc:
+                name = getattr(exc, "sqlite_errorname", "")
+                if attempt or name != "SQLITE_READONLY_ROLLBACK":
+                    raise self._mapped(exc, reading=True, wall=None) from None
+            self._recover()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _read(self, plan: ReadPlan) -> GatewayResult:
         conn = self._reader()
+        wall: Wall = self._local.wall
         deadline = self._monotonic() + self._timeout_s
         conn.set_progress_handler(lambda: int(self._monotonic() > deadline), _PROGRESS_STEPS)
         try:
-            rows, columns = self._fetch(conn, plan)
+            rows, columns = self._fetch(conn, plan, wall)
             if (rows and not _counted_none(plan, rows)) or plan.exists_sql is None:
                 return _answer(
                     rows, columns, self._max_rows, empty=not rows or _counted_none(plan, rows)
@@ -181,21 +365,26 @@ class SQLiteEngine:
             # Empty with a filter: rows and verdict from one snapshot.
             conn.execute("BEGIN")
             try:
-                rows, columns = self._fetch(conn, plan)
-                holds = bool(conn.execute(plan.exists_sql).fetchone()[0])
+                rows, columns = self._fetch(conn, plan, wall)
+                flags = conn.execute(plan.exists_sql).fetchone()
             finally:
                 conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            raise self._mapped(exc, reading=True) from None
+            if getattr(exc, "sqlite_errorname", "") == "SQLITE_READONLY_ROLLBACK":
+                raise
+            raise self._mapped(exc, reading=True, wall=wall, plan=plan) from None
         finally:
             conn.set_progress_handler(None, 0)
         if rows and not _counted_none(plan, rows):
             return _answer(rows, columns, self._max_rows, empty=False)
-        if not holds:
+        holding = [name for name, has in zip(plan.tables, flags or (), strict=False) if has]
+        if not holding:
             return _answer(rows, columns, self._max_rows, empty=True)
         what = "counted none" if plan.count_op else "returned no rows"
+        named = ", ".join(holding)
+        verb = "holds" if len(holding) == 1 else "hold"
         warning = (
-            f"suspiciously empty: the read {what}, but {plan.table} holds rows that its "
+            f"suspiciously empty: the read {what}, but {named} {verb} rows that its "
             "filter matched none of; a wrong value or column in the filter is more likely "
             "than a true absence"
         )
@@ -208,79 +397,99 @@ class SQLiteEngine:
         )
 
     def _fetch(
-        self, conn: sqlite3.Connection, plan: ReadPlan
+        self, conn: sqlite3.Connection, plan: ReadPlan, wall: Wall
     ) -> tuple[list[tuple[Any, ...]], tuple[str, ...]]:
-        cursor = conn.execute(plan.sql, plan.params)
-        try:
-            rows = cursor.fetchmany(self._max_rows + 1)
-            return rows, _columns(cursor)
-        finally:
-            cursor.close()
+        with _armed(wall, self._visible, plan):
+            cursor = conn.execute(plan.sql, plan.params)
+            try:
+                rows = cursor.fetchmany(self._max_rows + 1)
+                return rows, _columns(cursor)
+            finally:
+                cursor.close()
+
+    def _recover(self) -> None:
+        # A hot journal of a crashed writer: the read-write connection rolls it back.
+        with self._write_lock:
+            try:
+                self._require_target().execute("SELECT count(*) FROM sqlite_master").fetchone()
+            except sqlite3.Error as exc:
+                raise _unavailable(self.path, exc) from None
 
     # --- writes -----------------------------------------------------------------------------
 
-    def lookup(self, agent_id: str, key: str) -> tuple[str, str, StoredResult | None] | None:
-        """``(fingerprint, state, result)`` journalled for the key, or None."""
+    def lookup(self, agent_id: str, key: str) -> Journalled | None:
+        """What the journal holds for the key, or None."""
         with self._write_lock:
-            row = (
-                self._require_journal()
-                .execute(
-                    f"SELECT fingerprint, state, result FROM {JOURNAL_TABLE} "
-                    "WHERE agent_id = ? AND key = ?",
-                    (agent_id, key),
-                )
-                .fetchone()
-            )
+            if not self._journal_ready:
+                return None
+            try:
+                return self._lookup(self._require_target(), agent_id, key)
+            except sqlite3.Error as exc:
+                raise self._mapped(exc, reading=False, wall=None) from None
+
+    @staticmethod
+    def _lookup(target: sqlite3.Connection, agent_id: str, key: str) -> Journalled | None:
+        row = target.execute(
+            f"SELECT fingerprint, state, result FROM {JOURNAL_TABLE} "
+            "WHERE agent_id = ? AND key = ?",
+            (agent_id, key),
+        ).fetchone()
         if row is None:
             return None
         stored = decode_result(row[2]) if row[2] is not None else None
-        return str(row[0]), str(row[1]), stored
+        return Journalled(str(row[0]), str(row[1]), stored)
 
     def write(
-        self, plan: CompiledOperation, *, agent_id: str, key: str, fingerprint: str, now: str
-    ) -> StoredResult:
-        """Journal the key ``in_flight``, run the write, journal the result ``completed``.
+        self, plan: WritePlan, *, agent_id: str, key: str, fingerprint: str, now: str
+    ) -> StoredResult | Journalled:
+        """Run the write ``plan`` journalled under ``(agent_id, key)``, in one transaction.
 
-        The caller checked the journal for the key first (under its own per-key lock).
-        Raises ``GatewayError``; a write the engine refused leaves no journal row.
+        Returns what the journal already holds for the key (nothing ran), or the new result
+        (committed with its journal row). Raises ``GatewayError``; a write the engine
+        refused leaves neither the write nor its key.
         """
         with self._write_lock:
-            journal, target = self._require_journal(), self._require_target()
+            target = self._require_target()
+            wall = self._target_wall
             try:
-                journal.execute(
-                    f"INSERT INTO {JOURNAL_TABLE} (agent_id, key, fingerprint, state, "
-                    "created_at) VALUES (?, ?, ?, 'in_flight', ?)",
-                    (agent_id, key, fingerprint, now),
-                )
+                with self._transaction(target):
+                    if not self._journal_ready:
+                        target.execute(_JOURNAL_SCHEMA)
+                    found = self._lookup(target, agent_id, key)
+                    if found is not None:
+                        return found
+                    stored = self._apply(target, plan, wall)
+                    target.execute(
+                        f"INSERT INTO {JOURNAL_TABLE} ({_JOURNAL_COLUMNS}) "
+                        "VALUES (?, ?, ?, 'completed', ?, ?, ?)",
+                        (agent_id, key, fingerprint, encode_result(stored), now, now),
+                    )
+                self._journal_ready = True
+                return stored
             except sqlite3.Error as exc:
-                raise self._mapped(exc, reading=False) from None
-            try:
-                stored = self._apply(target, plan)
-            except sqlite3.Error as exc:
-                if target.in_transaction:
-                    target.execute("ROLLBACK")
-                journal.execute(
-                    f"DELETE FROM {JOURNAL_TABLE} WHERE agent_id = ? AND key = ?",
-                    (agent_id, key),
-                )
-                raise self._mapped(exc, reading=False) from None
-            journal.execute(
-                f"UPDATE {JOURNAL_TABLE} SET state = 'completed', result = ?, "
-                "completed_at = ? WHERE agent_id = ? AND key = ?",
-                (encode_result(stored), now, agent_id, key),
-            )
-            return stored
+                raise self._mapped(exc, reading=False, wall=wall, plan=plan) from None
 
-    def _apply(self, target: sqlite3.Connection, plan: CompiledOperation) -> StoredResult:
+    @contextlib.contextmanager
+    def _transaction(self, target: sqlite3.Connection) -> Iterator[None]:
+        target.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            if target.in_transaction:
+                target.execute("ROLLBACK")
+            raise
+        target.execute("COMMIT")
+
+    def _apply(self, target: sqlite3.Connection, plan: WritePlan, wall: Wall) -> StoredResult:
         deadline = self._monotonic() + self._timeout_s
         target.set_progress_handler(lambda: int(self._monotonic() > deadline), _PROGRESS_STEPS)
         try:
-            target.execute("BEGIN IMMEDIATE")
-            cursor = target.execute(plan.sql, plan.params)
-            rows = cursor.fetchall() if cursor.description else []
-            columns = _columns(cursor) if cursor.description else ()
-            count = len(rows) if cursor.description else max(cursor.rowcount, 0)
-            target.execute("COMMIT")
+            with _armed(wall, self._visible, plan):
+                cursor = target.execute(plan.sql, plan.params)
+                rows = cursor.fetchall() if cursor.description else []
+                columns = _columns(cursor) if cursor.description else ()
+                count = len(rows) if cursor.description else max(cursor.rowcount, 0)
+                cursor.close()
         finally:
             target.set_progress_handler(None, 0)
         kept = _dicts(columns, rows[: self._max_rows])
@@ -288,18 +497,23 @@ class SQLiteEngine:
 
     # --- helpers ----------------------------------------------------------------------------
 
-    def _require_journal(self) -> sqlite3.Connection:
-        if self._journal is None:
-            raise GatewayError("database_unavailable", "the gateway is closed or not open")
-        return self._journal
-
     def _require_target(self) -> sqlite3.Connection:
         if self._target is None:
             raise GatewayError("database_unavailable", "the gateway is closed or not open")
         return self._target
 
-    def _mapped(self, exc: sqlite3.Error, *, reading: bool) -> GatewayError:
+    def _mapped(
+        self,
+        exc: sqlite3.Error,
+        *,
+        reading: bool,
+        wall: Wall | None,
+        plan: ReadPlan | WritePlan | None = None,
+    ) -> GatewayError:
         text = str(exc)
+        name = getattr(exc, "sqlite_errorname", "")
+        if plan is not None and plan.agent_sql and wall is not None and wall.refusal is not None:
+            return located(wall.refusal, plan.sql)
         if "interrupted" in text:
             return GatewayError(
                 "statement_timeout",
@@ -307,7 +521,7 @@ class SQLiteEngine:
                 f"{self._timeout_s} s and was interrupted",
                 timeout_s=self._timeout_s,
             )
-        if reading and ("readonly" in text or "query_only" in text or "read-only" in text):
+        if reading and (name == "SQLITE_READONLY" or "query_only" in text):
             return GatewayError(
                 "read_only_violation",
                 "the statement tried to write inside a read, which runs on a read-only "
@@ -315,14 +529,46 @@ class SQLiteEngine:
                 database_message=text,
             )
         if isinstance(exc, sqlite3.OperationalError) and (
-            "unable to open" in text or "locked" in text or "disk i/o" in text
+            "unable to open" in text
+            or "locked" in text
+            or "disk i/o" in text
+            or name.startswith("SQLITE_READONLY_")
         ):
             return _unavailable(self.path, exc)
+        if (
+            plan is not None
+            and plan.agent_sql
+            and self.catalog is not None
+            and text.startswith(("no such table", "no such column"))
+        ):
+            # The schema changed under a cached analysis.
+            return compile_error(exc, plan.sql, self.catalog)
         return GatewayError(
             "database_error",
             f"the database refused the statement: {text}",
             database_message=text,
         )
+
+
+@contextlib.contextmanager
+def _armed(wall: Wall, visible: frozenset[str], plan: ReadPlan | WritePlan) -> Iterator[None]:
+    if not plan.agent_sql:
+        yield
+        return
+    wall.arm(visible, plan.ctes)
+    try:
+        yield
+    finally:
+        wall.disarm()
+
+
+def _modules(conn: sqlite3.Connection) -> frozenset[str]:
+    # Virtual-table modules, some usable as tables by name (dbstat, sqlite_stmt, ...).
+    try:
+        rows = conn.execute("SELECT name FROM pragma_module_list").fetchall()
+    except sqlite3.Error:  # pragma: no cover - a SQLite built without the pragma
+        return frozenset()
+    return frozenset(str(row[0]).lower() for row in rows)
 
 
 def _unavailable(path: Path, exc: BaseException) -> GatewayError:

@@ -1,27 +1,40 @@
-"""The gateway on a SQLite file: structured operations, read-only reads, journalled writes.
+"""The gateway on a SQLite file: SQL and structured operations, read-only reads, journalled
+writes.
 
 ::
 
     async with SQLiteGateway.connect("shop.db") as gw:
-        result = await gw.query("agent-7", {"op": "find", "table": "orders",
-                                            "where": {"status": "open"}})
+        result = await gw.query("agent-7", {"sql": "SELECT id FROM orders WHERE status = $1",
+                                            "params": ["open"]})
 
-The same ``query(agent_id, request) -> GatewayResult`` contract as :class:`~._gateway.Gateway`,
-for structured operations only: SQL text is refused with ``invalid_operation`` (its analysis
-is PostgreSQL's). In order: the breakers (``agent_frozen``), compilation against the catalog
-(``unknown_table``, ``unknown_column``, ``invalid_operation``; an unknown name reloads the
-catalog once and compiles again), for a write the idempotency key, then the database (see
-:mod:`~._sqlite_engine`). Every SQLite call runs on a worker thread, never on the event loop.
+The same ``query(agent_id, request) -> GatewayResult`` contract as :class:`~._gateway.Gateway`.
+A request is SQL (``{"sql", "params", "idempotency_key", "plan_hash"}``, only ``sql``
+required) or a structured operation (``op``; see :mod:`~._ops`), never both. In order: the
+breakers (``agent_frozen``); the request's shape (``invalid_operation``); analysis against the
+catalog (SQL: see :mod:`~._sqlite_sql`; structured: ``unknown_table``, ``unknown_column``,
+``invalid_operation``; an unknown name reloads the catalog when the schema changed and tries
+once more); for SQL, ``params`` must hold exactly ``param_count`` values
+(``invalid_operation``, ``details["expected"]``); for a write, the idempotency key
+(``idempotency_key_required``); then the database (see :mod:`~._sqlite_engine`). SQL
+placeholders are ``$1 .. $n`` (as on PostgreSQL; run as SQLite's ``?1 .. ?n``), ``?1 .. ?n``
+or bare ``?``; parameters are bound by SQLite, never spliced into the text. Every SQLite call
+runs on a worker thread, never on the event loop; a cached SQL analysis is answered without
+one.
 
-Idempotency. The journal lives outside the target, in the SQLite file ``journal_path``
-(default: the target's path with ``.corral-journal`` appended), table
-``corral_gateway_journal``; the breakers' freezes share that file. Keys are per agent; the
-fingerprint is that of :func:`~._journal.fingerprint` over the operation's canonical JSON, its
-parameters and ``plan_hash``. Same key and fingerprint, completed: ``replayed`` with the stored
+Idempotency. Keys are journalled in the target itself (table ``corral_gateway_journal``,
+hidden from agents), in the write's own transaction: a crash never leaves a write's fate
+unknown. Keys are per agent; the fingerprint is :func:`~._journal.fingerprint` over the
+normalised statement (SQL) or the operation's canonical JSON (structured), the parameters as
+the agent gave them, and ``plan_hash``. Same key and fingerprint: ``replayed`` with the stored
 result, nothing run. Different fingerprint: ``idempotency_conflict``. The key running in this
-gateway now: ``idempotency_in_progress`` (retryable). The key journalled ``in_flight`` by a
-process that is gone (a crash between the write and its completion): ``outcome_unknown`` --
-the agent must check the data and use a new key. One gateway process per journal file.
+gateway now: ``idempotency_in_progress`` (retryable); in another process, the write waits for
+that one's transaction and is then ``replayed``. A key journalled ``in_flight`` (only
+journals of earlier versions, kept outside the target, could leave one):
+``outcome_unknown`` -- the agent must check the data and use a new key.
+
+Freezes are kept in the SQLite file ``journal_path`` (default: the target's path with
+``.corral-journal`` appended), which earlier versions also used for keys; those keys are moved
+into the target when the gateway opens.
 """
 
 from __future__ import annotations
@@ -51,7 +64,8 @@ from corral.gateway._journal import fingerprint
 from corral.gateway._ops import CompiledOperation, compile_operation
 from corral.gateway._plan import _key
 from corral.gateway._result import GatewayResult, outcome_code
-from corral.gateway._sqlite_engine import ReadPlan, SQLiteEngine
+from corral.gateway._sqlite_engine import Journalled, ReadPlan, SQLiteEngine, WritePlan
+from corral.gateway._sqlite_sql import SqliteAnalysis, bind_params
 from corral.kernel import SYSTEM_CLOCK, Clock, UsageError
 from corral.kernel import _validate as v
 from corral.kernel._errors import InvalidArgumentError
@@ -61,7 +75,8 @@ __all__ = ["SQLiteGateway"]
 T = TypeVar("T")
 _DEFAULT_BREAKER = BreakerPolicy()
 _WORKERS = 4
-_SQL_REFUSAL = "SQL text is supported on PostgreSQL targets; use structured operations on SQLite"
+_SQL_KEYS = ("sql", "params", "idempotency_key", "plan_hash")
+_UNKNOWN = ("unknown_table", "unknown_column")
 
 
 class SQLiteGateway:
@@ -110,11 +125,12 @@ class SQLiteGateway:
     ) -> Connector[SQLiteGateway]:
         """A gateway to the existing SQLite file ``path``, opened when awaited or entered.
 
-        ``journal_path``: the idempotency and freeze journal (created when missing; never
-        the target itself). ``statement_timeout_s``: per statement, by interrupting it.
-        ``max_rows``: rows returned per request at most. ``breaker``: the per-agent breakers'
-        policy, None for none. Arguments are checked here (``InvalidArgumentError``); opening
-        raises ``GatewayError("database_unavailable")`` when the file cannot be opened.
+        ``journal_path``: the breakers' freeze journal (created when missing; never the
+        target itself); idempotency keys live in the target. ``statement_timeout_s``: per
+        statement, by interrupting it. ``max_rows``: rows returned per request at most.
+        ``breaker``: the per-agent breakers' policy, None for none. Arguments are checked
+        here (``InvalidArgumentError``); opening raises ``GatewayError("database_unavailable")``
+        when the file cannot be opened.
         """
         where = "SQLiteGateway.connect"
         v.instance_of(where, "path", path, (str, Path))
@@ -188,15 +204,16 @@ class SQLiteGateway:
 
     @property
     def catalog(self) -> Catalog:
-        """The catalog operations are compiled against (the journal is another file)."""
+        """The catalog requests are checked against (the gateway's journal table hidden)."""
         if self._catalog is None:
             raise UsageError("the SQLite gateway is not open")
         return self._catalog
 
     @property
     def keys_in_flight_at_open(self) -> int:
-        """How many keys were journalled ``in_flight`` when the gateway opened: writes a
-        crash left with an unknown outcome (each reported ``outcome_unknown`` on use)."""
+        """How many keys were journalled ``in_flight`` when the gateway opened: writes that a
+        crash under an earlier version's separate journal left with an unknown outcome (each
+        reported ``outcome_unknown`` on use). Always 0 for keys journalled in the target."""
         return self._in_flight_at_open
 
     # --- breakers ---------------------------------------------------------------------------
@@ -248,7 +265,7 @@ class SQLiteGateway:
     # --- requests ---------------------------------------------------------------------------
 
     async def query(self, agent_id: str, request: Mapping[str, Any]) -> GatewayResult:
-        """Run the structured operation ``request`` for ``agent_id``.
+        """Run the request (SQL or a structured operation) for ``agent_id``.
 
         Returns a :class:`GatewayResult`; raises ``GatewayError`` (see the module docstring)
         and ``InvalidArgumentError`` when ``agent_id`` is not a non-empty string.
@@ -266,42 +283,95 @@ class SQLiteGateway:
         await self._report(agent_id, request, outcome_code(result), None)
         return result
 
-    async def _compile(self, request: Any) -> CompiledOperation:
-        if isinstance(request, Mapping) and "sql" in request:
-            raise GatewayError("invalid_operation", _SQL_REFUSAL, key="sql", dialect="sqlite")
-        if not isinstance(request, Mapping) or "op" not in request:
-            shown = repr(request)[:80]
-            raise GatewayError(
-                "invalid_operation",
-                f"request must be a mapping with op, got {shown}",
-                key="request",
-                value=shown,
-            )
+    async def _reloaded(self) -> Catalog | None:
+        # The schema may have changed since the catalog was loaded.
+        catalog = await self._call(self._engine.refresh_catalog)
+        if catalog is None or catalog.version == self.catalog.version:
+            return None
+        self._catalog = catalog
+        return catalog
+
+    async def _compile(self, request: Mapping[str, Any]) -> CompiledOperation:
         try:
             return compile_operation(request, self.catalog)
         except GatewayError as exc:
-            if exc.code not in ("unknown_table", "unknown_column"):
+            if exc.code not in _UNKNOWN or (catalog := await self._reloaded()) is None:
                 raise
-            # The schema may have grown since the catalog was loaded.
-            catalog = await self._call(self._engine.load_catalog)
-            if catalog.version == self.catalog.version:
-                raise
-            self._catalog = catalog
             return compile_operation(request, catalog)
 
+    async def _analyze(self, sql: str) -> SqliteAnalysis:
+        try:
+            return await self._analysis(sql, self.catalog)
+        except GatewayError as exc:
+            if exc.code not in _UNKNOWN or (catalog := await self._reloaded()) is None:
+                raise
+            return await self._analysis(sql, catalog)
+
+    async def _analysis(self, sql: str, catalog: Catalog) -> SqliteAnalysis:
+        # A cached analysis is answered on the event loop; only a miss compiles on a thread.
+        found = self._engine.analyzer.cached(sql, catalog)
+        if found is not None:
+            return found
+        return await self._call(self._engine.analyze, sql, catalog)
+
     async def _run(self, agent_id: str, request: Any) -> GatewayResult:
+        if not isinstance(request, Mapping) or ("sql" in request) == ("op" in request):
+            shown = repr(request if not isinstance(request, Mapping) else sorted(map(str, request)))
+            shown = shown if len(shown) <= 80 else shown[:77] + "..."
+            raise GatewayError(
+                "invalid_operation",
+                f"request must be a mapping with sql or op (not both), got {shown}",
+                key="request",
+                value=shown,
+            )
+        if "sql" in request:
+            return await self._run_sql(agent_id, request)
         compiled = await self._compile(request)
         key, plan_hash = _key(request, "idempotency_key"), _key(request, "plan_hash")
         if compiled.kind == "read":
             return await self._call(self._engine.read, ReadPlan.of(compiled))
-        if key is None:
-            raise GatewayError(
-                "idempotency_key_required",
-                "this operation writes, and a write needs an idempotency_key (the same key "
-                "to retry the same work, a new key for new work)",
-                kind="write",
-            )
         fp = fingerprint(compiled.normalized, compiled.params, plan_hash)
+        return await self._keyed(WritePlan.of(compiled), agent_id, _required(key), fp)
+
+    async def _run_sql(self, agent_id: str, request: Mapping[str, Any]) -> GatewayResult:
+        for name in request:
+            if name not in _SQL_KEYS:
+                raise GatewayError(
+                    "invalid_operation",
+                    f"{name} must be absent: a SQL request has only {', '.join(_SQL_KEYS)}",
+                    key=str(name),
+                    value=repr(request[name])[:80],
+                )
+        sql = request["sql"]
+        if not isinstance(sql, str) or not sql.strip():
+            shown = repr(sql)[:80]
+            raise GatewayError(
+                "invalid_operation",
+                f"sql must be a non-empty string, got {shown}",
+                key="sql",
+                value=shown,
+            )
+        params = bind_params(request.get("params"))
+        key, plan_hash = _key(request, "idempotency_key"), _key(request, "plan_hash")
+        analysis = await self._analyze(sql)
+        if analysis.param_count != len(params):
+            raise GatewayError(
+                "invalid_operation",
+                f"the statement's highest placeholder is ${analysis.param_count}, so params "
+                f"must hold {analysis.param_count} value(s); it holds {len(params)}",
+                key="params",
+                value=len(params),
+                expected=analysis.param_count,
+            )
+        if analysis.kind == "read":
+            plan = ReadPlan.of_sql(analysis, params, self.catalog)
+            return await self._call(self._engine.read, plan)
+        raw = request.get("params") or ()
+        fp = fingerprint(analysis.normalized, tuple(raw), plan_hash)
+        write = WritePlan.of_sql(analysis, params)
+        return await self._keyed(write, agent_id, _required(key), fp)
+
+    async def _keyed(self, plan: WritePlan, agent_id: str, key: str, fp: str) -> GatewayResult:
         slot = (agent_id, key)
         async with self._keys_lock:
             running = self._running.get(slot)
@@ -317,25 +387,22 @@ class SQLiteGateway:
             self._running[slot] = fp
         # Shielded: a cancelled caller leaves the worker thread running, so the key stays
         # taken until the thread has finished with it.
-        task = asyncio.ensure_future(self._write(compiled, agent_id, key, fp))
+        task = asyncio.ensure_future(self._write(plan, agent_id, key, fp))
         task.add_done_callback(lambda _: self._running.pop(slot, None))
         return await asyncio.shield(task)
 
-    async def _write(
-        self, compiled: CompiledOperation, agent_id: str, key: str, fp: str
-    ) -> GatewayResult:
-        found = await self._call(self._engine.lookup, agent_id, key)
-        if found is not None:
-            return _journalled(key, fp, *found)
+    async def _write(self, plan: WritePlan, agent_id: str, key: str, fp: str) -> GatewayResult:
         now = self._clock.now().isoformat()
-        stored = await self._call(
-            self._engine.write, compiled, agent_id=agent_id, key=key, fingerprint=fp, now=now
+        outcome = await self._call(
+            self._engine.write, plan, agent_id=agent_id, key=key, fingerprint=fp, now=now
         )
+        if isinstance(outcome, Journalled):
+            return _journalled(key, fp, outcome)
         return GatewayResult(
-            rows=stored.rows,
-            columns=stored.columns,
-            row_count=stored.row_count,
-            truncated=stored.truncated,
+            rows=outcome.rows,
+            columns=outcome.columns,
+            row_count=outcome.row_count,
+            truncated=outcome.truncated,
         )
 
     async def _report(self, agent_id: str, request: Any, code: str, message: str | None) -> None:
@@ -359,10 +426,22 @@ def _conflict(key: str) -> GatewayError:
     )
 
 
-def _journalled(key: str, fp: str, held: str, state: str, stored: Any) -> GatewayResult:
-    if held != fp:
+def _required(key: str | None) -> str:
+    if key is None:
+        raise GatewayError(
+            "idempotency_key_required",
+            "this operation writes, and a write needs an idempotency_key (the same key "
+            "to retry the same work, a new key for new work)",
+            kind="write",
+        )
+    return key
+
+
+def _journalled(key: str, fp: str, found: Journalled) -> GatewayResult:
+    if found.fingerprint != fp:
         raise _conflict(key)
-    if state != "completed" or stored is None:
+    stored = found.result
+    if found.state != "completed" or stored is None:
         raise GatewayError(
             "outcome_unknown",
             f"idempotency key {key!r} was in flight when a gateway stopped: the write may or "
