@@ -217,6 +217,9 @@ class SQLiteEngine:
             target = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self._target = target
             target.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+            # An "ok" answer is a promise that the write and its key are on disk: FULL is
+            # SQLite's usual default, but a build may lower it (this connection only).
+            target.execute("PRAGMA synchronous=FULL")
             # First touch on the read-write connection: it rolls back a hot journal a crash
             # left, which the read-only connections opened next could not.
             target.execute("SELECT count(*) FROM sqlite_master").fetchone()
