@@ -1,7 +1,7 @@
 """corral.gateway: agents on a real database without wrong reads, double writes or runaway
 queries.
 
-Today the gateway fronts one PostgreSQL database (:meth:`Gateway.connect`). Each request, SQL
+A :class:`Gateway` fronts one PostgreSQL database (:meth:`Gateway.connect`). Each request, SQL
 (``{"sql": ..., "params": [...]}``) or a structured operation (``find``, ``count``, ``insert``,
 ``update``, ``delete``), is analysed against the database's catalog before anything is sent:
 unknown tables and columns (with close matches), several statements, DDL, transaction
@@ -16,10 +16,11 @@ errors, refusals and suspicious empties over a rolling window; crossing a thresh
 the agent (``agent_frozen`` on every request, its pool drained, the evidence recorded) until
 a person reinstates it, and freezes survive restarts.
 
-:class:`SQLiteGateway` fronts a SQLite file with structured operations: reads on read-only
-connections, loud empties, idempotency keys journalled outside the target (a write in flight
-at a crash is ``outcome_unknown`` on the next use of its key) and the same breakers. The
-daemon's exposure of the gateway over HTTP, MCP and the command line comes next.
+:class:`SQLiteGateway` fronts a SQLite file with the same two request forms: SQL is compiled by
+SQLite itself under an authorizer before it runs (never executed for the check), reads run on
+read-only connections, empties are loud, and idempotency keys are journalled in the target,
+in the write's own transaction. The daemon fronts either with ``corral serve --db NAME=DSN``
+(HTTP ``POST /gateway/query``, the MCP ``db_query`` tool, ``corral gateway``).
 """
 
 from corral.gateway._breaker_journal import (
