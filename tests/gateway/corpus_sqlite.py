@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any, NamedTuple
 
-from tests.gateway.corpus import Read
+from tests.gateway.corpus import Read, _read
 
 __all__ = ["SQLITE_ESCAPES", "SQLITE_VALID_READS", "SqliteEscape", "sqlite_text"]
 
@@ -202,10 +202,6 @@ def sqlite_text(sql: str) -> str:
     """``sql`` with ``$n`` placeholders written as SQLite's ``?n`` (corpus text only:
     ``$`` appears nowhere else outside strings in it)."""
     return _PLACEHOLDER.sub(r"?\1", sql)
-
-
-def _read(sql: str, *tables: str, params: tuple[Any, ...] = ()) -> Read:
-    return Read(sql, frozenset(tables), params)
 
 
 SQLITE_VALID_READS: tuple[Read, ...] = (

@@ -70,6 +70,7 @@ from typing import Any, Literal
 
 from corral.gateway._catalog import Catalog
 from corral.gateway._errors import GatewayError
+from corral.gateway._sql import _Refusal
 from corral.gateway._sql_functions import forbidden_function_reason
 from corral.kernel._validate import instance_of, positive_int
 
@@ -547,13 +548,6 @@ class SqliteAnalysis:
     normalized: str
     explain: bool
     ctes: frozenset[str] = frozenset()
-
-
-@dataclass(frozen=True, slots=True)
-class _Refusal:
-    code: str
-    message: str
-    details: dict[str, Any]
 
 
 class SqliteSqlAnalyzer:
