@@ -170,3 +170,23 @@ async def test_serve_refuses_a_bad_or_repeated_db(tmp_path: Path) -> None:
     assert "a name given once" in err
     err = refused(await corral(*base, "--db", "s=mysql://h/db"), 2)
     assert "postgresql://" in err
+
+
+async def test_text_from_agents_is_shown_not_interpreted(daemon_url: str) -> None:
+    # A reason (an agent can freeze itself with its own token) or a row value holding rich
+    # markup must neither crash nor restyle what a person reads.
+    await gw(daemon_url, "freeze", "bot-[red]", "--reason", "[/x] oops [bold]", "-t", "shop")
+    decisions = await corral("--url", daemon_url, "decisions")
+    assert decisions.exit_code == 0, decisions.output
+    assert "[/x] oops [bold]" in decisions.stdout
+    assert "bot-[red]" in decisions.stdout
+    assert "[/x] oops [bold]" in await gw(daemon_url, "status")
+    assert "[/x] oops [bold]" in await gw(daemon_url, "status", "bot-[red]", "-t", "shop")
+    assert "[/x] oops" in await gw(daemon_url, "history", "bot-[red]", "-t", "shop")
+
+    sql = "SELECT $1::text AS v, $2::text AS w"
+    table = await gw(daemon_url, "query", "a-1", sql, "-p", "[/bold] x", "-p", "NaN", "-t", "shop")
+    assert "[/bold] x" in table
+    assert "NaN" in table
+    only_local = json.loads(await gw(daemon_url, "status", "-t", "local", "--json"))
+    assert only_local == []

@@ -53,6 +53,9 @@ def gateway(request: dict[str, Any]) -> dict[str, Any]:
 
 def audit(agent: str) -> int:
     refunded = gateway({"op": "count", "table": "orders", "where": {"status": "refunded"}})
+    if "error" in refunded:
+        print(f"{agent}: the gateway refused: {refunded['error']['code']}")
+        return 0
     print(f"{agent}: {refunded['rows'][0]['count']} refunded orders")
     for status in ("lost", "missing", "misplaced", "unknown", "stolen", "gone"):
         found = gateway({"op": "find", "table": "orders", "where": {"status": status}})

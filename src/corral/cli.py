@@ -109,18 +109,26 @@ def _print_table(
     from rich.table import Table
 
     names = headers or {}
-    table = Table(*(names.get(k, k) for k in keys), title=title)
+    table = Table(*(names.get(k, k) for k in keys), title=_plain(title))
     for row in rows:
         table.add_row(*(_state(row.get(k)) if k == "state" else _cell(row.get(k)) for k in keys))
     _stdout().print(table)
 
 
 def _cell(value: Any) -> str:
+    """``value`` as table text: rich markup in it (a ``[/bold]`` in a row or a reason) is
+    shown as it is, never interpreted."""
     if value is None:
         return ""
     if isinstance(value, dict | list):
-        return json.dumps(value, separators=(",", ":"), default=str)
-    return str(value)
+        return _plain(json.dumps(value, separators=(",", ":"), default=str))
+    return _plain(str(value))
+
+
+def _plain(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
 
 
 def _state(value: Any) -> str:
@@ -253,7 +261,9 @@ def build_app() -> "typer.Typer":
         if as_json:
             _print_json(agent)
             return
-        _stdout().print(f"{agent['id']}  {agent.get('name', '')}  {_state(agent.get('state'))}")
+        _stdout().print(
+            f"{_cell(agent['id'])}  {_cell(agent.get('name', ''))}  {_state(agent.get('state'))}"
+        )
 
     @app.command()
     def agents(ctx: typer.Context, as_json: JsonOpt = False) -> None:
@@ -271,11 +281,11 @@ def build_app() -> "typer.Typer":
         if as_json:
             _print_json(agent)
             return
-        table = Table("field", "value", show_header=False, title=f"agent {agent.get('id')}")
+        table = Table("field", "value", show_header=False, title=f"agent {_cell(agent.get('id'))}")
         for name, value in agent.items():
             if name == "spec":
                 continue
-            table.add_row(name, _state(value) if name == "state" else _cell(value))
+            table.add_row(_cell(name), _state(value) if name == "state" else _cell(value))
         table.add_row("spec", _cell(agent.get("spec")))
         _stdout().print(table)
 
@@ -296,7 +306,8 @@ def build_app() -> "typer.Typer":
             lambda api: api.prompt(agent_id, text, by=by, why=why, idempotency_key=key),
         )
         _stdout().print(
-            f"{answer.get('id', agent_id)}: {answer.get('accepted', 'prompt')} accepted"
+            f"{answer.get('id', agent_id)}: {answer.get('accepted', 'prompt')} accepted",
+            markup=False,
         )
 
     @app.command()
@@ -311,7 +322,7 @@ def build_app() -> "typer.Typer":
         answer = _call(
             target(ctx), lambda api: api.stop(agent_id, by=by, why=why, idempotency_key=key)
         )
-        _stdout().print(f"{answer.get('id', agent_id)}: stop accepted")
+        _stdout().print(f"{answer.get('id', agent_id)}: stop accepted", markup=False)
 
     @app.command()
     def events(
@@ -376,7 +387,7 @@ def build_app() -> "typer.Typer":
         if as_json:
             _print_json(notices)
             return
-        table = Table("id", "from", "kind", "state", "detail", title=f"inbox of {agent_id}")
+        table = Table("id", "from", "kind", "state", "detail", title=f"inbox of {_cell(agent_id)}")
         for n in notices:
             detail = n.get("reason") or n.get("error") or n.get("output") or ""
             who = f"{n.get('fromName', '')} ({n.get('from', '')})".strip()
@@ -441,11 +452,16 @@ def _databases(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
 
 
 def _param(text: str) -> Any:
-    """A --param value: JSON when it parses (7, true, null, "7", [1,2]), else the text."""
+    """A --param value: JSON when it parses (7, true, null, "7", [1,2]), else the text
+    (NaN and Infinity, which are not JSON, stay text)."""
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_not_json)
     except ValueError:
         return text
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def _gateway_app(target: Callable[["typer.Context"], _Target]) -> "typer.Typer":
@@ -520,7 +536,7 @@ def _gateway_app(target: Callable[["typer.Context"], _Target]) -> "typer.Typer":
             notes.append(str(answer["emptiness"]))
         if answer.get("truncated"):
             notes.append("truncated at the row cap")
-        _stdout().print(", ".join(notes))
+        _stdout().print(", ".join(notes), markup=False)
         for warning in answer.get("warnings") or []:
             _stderr().print(f"warning: {warning}", markup=False)
 
@@ -536,7 +552,12 @@ def _gateway_app(target: Callable[["typer.Context"], _Target]) -> "typer.Typer":
         """An agent's breakers in a database, or every agent frozen anywhere."""
         if agent_id is None:
             waiting = _call(target(ctx), lambda api: api.decisions())
-            frozen = [d for d in waiting if d.get("kind") == "gateway_frozen"]
+            frozen = [
+                d
+                for d in waiting
+                if d.get("kind") == "gateway_frozen"
+                and (target_name is None or d.get("target") == target_name)
+            ]
             if as_json:
                 _print_json(frozen)
                 return
@@ -558,7 +579,9 @@ def _gateway_app(target: Callable[["typer.Context"], _Target]) -> "typer.Typer":
         _stdout().print(table)
         freeze = found.get("freeze")
         if freeze:
-            _stdout().print(f"frozen since {freeze.get('at')}: {freeze.get('reason')}")
+            _stdout().print(
+                f"frozen since {freeze.get('at')}: {freeze.get('reason')}", markup=False
+            )
 
     @gw.command("freeze")
     def freeze(
@@ -570,7 +593,9 @@ def _gateway_app(target: Callable[["typer.Context"], _Target]) -> "typer.Typer":
     ) -> None:
         """Freeze an agent in a database: every request refused until reinstated."""
         done = _call(target(ctx), lambda api: api.db_freeze(agent_id, reason, by, target_name))
-        _stdout().print(f"{agent_id} frozen in {done.get('target')}: {done.get('reason')}")
+        _stdout().print(
+            f"{agent_id} frozen in {done.get('target')}: {done.get('reason')}", markup=False
+        )
 
     @gw.command("reinstate")
     def reinstate(
@@ -582,7 +607,9 @@ def _gateway_app(target: Callable[["typer.Context"], _Target]) -> "typer.Typer":
     ) -> None:
         """Lift an agent's freeze in a database (a person's decision, recorded)."""
         done = _call(target(ctx), lambda api: api.db_reinstate(agent_id, by, reason, target_name))
-        _stdout().print(f"{agent_id} reinstated in {done.get('target')} by {done.get('by')}")
+        _stdout().print(
+            f"{agent_id} reinstated in {done.get('target')} by {done.get('by')}", markup=False
+        )
 
     @gw.command("history")
     def history(
@@ -607,8 +634,8 @@ def _gateway_app(target: Callable[["typer.Context"], _Target]) -> "typer.Typer":
 
 def _status_title(found: dict[str, Any]) -> str:
     state = "[yellow]frozen[/yellow]" if found.get("frozen") else "[green]open[/green]"
-    window = found.get("windowS")
-    return f"{found.get('agentId')} in {found.get('target')}: {state} (window {window} s)"
+    who, where = _cell(found.get("agentId")), _cell(found.get("target"))
+    return f"{who} in {where}: {state} (window {_cell(found.get('windowS'))} s)"
 
 
 def _load_json_object(text: str) -> dict[str, Any]:

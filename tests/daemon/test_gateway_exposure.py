@@ -19,7 +19,7 @@ from corral.daemon._client import HttpApi, LocalApi, RemoteError
 from corral.daemon._databases import Databases, parse_db_option, to_json
 from corral.daemon._errors import UnknownTargetError
 from corral.daemon._mcp import build_mcp_server
-from corral.gateway import BreakerPolicy, GatewayError
+from corral.gateway import BreakerPolicy, Gateway, GatewayError
 from corral.kernel import InvalidArgumentError
 from tests.daemon.test_client import serving
 from tests.gateway.corpus import SHOP_ROWS, shop_sqlite_file
@@ -154,7 +154,7 @@ async def test_keyed_write_is_replayed_and_a_different_one_conflicts(env: Env) -
     error = error_of(other, 422, "idempotency_conflict")
     assert error["retryable"] is False
     error_of(keyless, 400, "idempotency_key_required")
-    error_of(both, 400, "invalid_request")
+    error_of(both, 400, "invalid_argument")
 
 
 async def test_refusals_keep_their_code_status_and_details(env: Env) -> None:
@@ -287,8 +287,9 @@ async def test_manual_freeze_is_idempotent_and_told_once(env: Env) -> None:
     assert frozen_events[0].data["by"] == "dana"
 
 
-async def test_an_agent_token_queries_as_itself_and_cannot_reinstate(env: Env) -> None:
-    agent = await env.spawn(name="solo")
+async def test_an_agent_token_reaches_its_subtree_and_cannot_reinstate(env: Env) -> None:
+    agent = await env.spawn(name="lead")
+    child = await env.spawn(name="child", parent=agent)
     other = await env.spawn(name="other")
     token = agent_token(TOKEN, agent)
     async with env.client(token) as http:
@@ -296,15 +297,96 @@ async def test_an_agent_token_queries_as_itself_and_cannot_reinstate(env: Env) -
         as_other = await http.post(
             "/gateway/query", json={"target": "shop", "agent": other, "sql": "SELECT 1"}
         )
-        status_other = await http.get(f"/gateway/shop/agents/{other}")
+        as_child = await http.post(
+            "/gateway/query", json={"target": "shop", "agent": child, "sql": "SELECT 1"}
+        )
+        out_of_scope = [
+            await http.get(f"/gateway/shop/agents/{other}"),
+            await http.get(f"/gateway/shop/agents/{other}/history"),
+            await http.post(f"/gateway/shop/agents/{other}/freeze", json={"reason": "x"}),
+        ]
+        child_status = await http.get(f"/gateway/shop/agents/{child}")
+        in_a_name = await http.post(
+            f"/gateway/shop/agents/{child}/freeze", json={"reason": "loop", "by": "alice"}
+        )
+        froze_child = await http.post(
+            f"/gateway/shop/agents/{child}/freeze", json={"reason": "looping"}
+        )
         reinstate = await http.post(
-            f"/gateway/shop/agents/{agent}/reinstate", json={"by": agent, "reason": "me"}
+            f"/gateway/shop/agents/{child}/reinstate", json={"by": agent, "reason": "fixed"}
         )
     assert mine.status_code == 200, mine.text
+    assert mine.json()["rows"] == [{"x": 1}]
     error_of(as_other, 403, "out_of_scope")
-    error_of(status_other, 403, "out_of_scope")
+    error_of(as_child, 403, "out_of_scope")  # not even its own child: breakers count per agent
+    for answer in out_of_scope:
+        error_of(answer, 403, "out_of_scope")
+    assert child_status.status_code == 200
+    error_of(in_a_name, 403, "out_of_scope")
+    assert froze_child.status_code == 200
+    assert froze_child.json()["by"] == agent  # recorded in the agent's name, never a person's
     error_of(reinstate, 403, "out_of_scope")
-    assert env.databases.status("shop", agent)["counts"]["errors"] == 0
+    assert env.databases.status("shop", child)["frozen"] is True
+    assert env.databases.status("shop", other)["frozen"] is False
+
+
+async def test_control_characters_are_refused_before_the_gateway(env: Env) -> None:
+    async with env.client() as http:
+        nul_agent = await http.post(
+            "/gateway/query", json={"target": "shop", "agent": "a\u0000b", "sql": "SELECT 1"}
+        )
+        nul_reason = await http.post(
+            "/gateway/shop/agents/bot/freeze", json={"reason": "loop\u0000", "by": "ops"}
+        )
+        newline_by = await http.post(
+            "/gateway/shop/agents/bot/reinstate", json={"by": "ops\n", "reason": "x"}
+        )
+    for answer in (nul_agent, nul_reason, newline_by):
+        error = error_of(answer, 400, "invalid_argument")
+        assert "without control characters" in error["message"]
+    assert env.databases.decisions() == []
+
+
+async def test_reinstating_an_agent_not_frozen_is_409(env: Env) -> None:
+    async with env.client() as http:
+        answer = await http.post(
+            "/gateway/shop/agents/bot/reinstate", json={"by": "dana", "reason": "why not"}
+        )
+    error = error_of(answer, 409, "not_frozen")
+    assert error["message"] == "agent 'bot' is not frozen in 'shop': nothing to reinstate"
+
+
+async def test_a_reinstatement_the_event_log_cannot_take_still_answers(
+    env: Env, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def store_down(*args: Any) -> None:
+        raise RuntimeError("store down")
+
+    await env.databases.freeze("shop", "bot", reason="loop")
+    monkeypatch.setattr(env.service, "record_gateway_resolution", store_down)
+    done = await env.databases.reinstate("shop", "bot", by="dana", reason="fixed")
+    assert (done["by"], done["reason"]) == ("dana", "fixed")
+    assert env.databases.status("shop", "bot")["frozen"] is False
+    assert "could not log the reinstatement of bot in shop" in caplog.text
+
+
+async def test_a_freeze_the_event_log_missed_is_logged_when_the_daemon_starts(
+    env: Env, shop_dsn: str
+) -> None:
+    # Frozen from Python while the daemon was not looking (or just before it crashed).
+    await env.databases.close()
+    async with await Gateway.connect(shop_dsn, breaker=POLICY) as gw:
+        missed = await gw.freeze("bot-3", "frozen from a script", by="ops")
+    reopened = await Databases.open({"shop": shop_dsn}, service=env.service, breaker=POLICY)
+    try:
+        again = await Databases.open({"shop": shop_dsn}, service=env.service, breaker=POLICY)
+        await again.close()
+    finally:
+        await reopened.close()
+    logged = [e for e in await env.service.events(0) if e.type == "gateway.agent_frozen"]
+    assert [(e.agent_id, e.data["id"], e.data["by"]) for e in logged] == [
+        ("bot-3", missed.id, "ops")
+    ]
 
 
 # --- the client APIs and MCP ------------------------------------------------------------------
@@ -331,6 +413,45 @@ async def test_local_and_http_apis_agree(env: Env) -> None:
         with pytest.raises(RemoteError) as caught:
             await remote.db_query("a-1", {"sql": "SELECT nope FROM orders"}, "shop")
         assert (caught.value.code, caught.value.status) == ("unknown_column", 400)
+
+
+async def test_http_api_paths_cannot_be_bent(env: Env) -> None:
+    app = create_app(env.service, databases=env.databases, heartbeat_s=60)
+    async with serving(app) as url, HttpApi(url) as remote:
+        with pytest.raises(InvalidArgumentError, match="target"):
+            await remote.db_status("a1", "..")
+        await remote.db_freeze("..", "dots are an id like any other", target="shop")
+        status = await remote.db_status("..", "shop")
+    assert (status["agentId"], status["frozen"]) == ("..", True)
+
+
+async def test_mcp_takes_camel_case_keys_too(env: Env) -> None:
+    api = LocalApi(env.service, env.databases)
+    write = {
+        "op": "insert",
+        "table": "refunds",
+        "values": {"id": 1, "order_id": 3, "amount": "10.00"},
+        "idempotencyKey": "refund-1",
+    }
+    first = await api.db_query("a-1", write, "shop")
+    again = await api.db_query("a-1", write, "shop")
+    assert (first["status"], again["status"]) == ("ok", "replayed")
+
+
+async def test_without_databases_both_apis_say_so(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "c.db")
+    await store.open()
+    try:
+        service = AgentService(store, home=tmp_path, harnesses={})
+        async with serving(create_app(service, heartbeat_s=60)) as url, HttpApi(url) as remote:
+            for api in (LocalApi(service), remote):
+                assert await api.db_targets() == []
+                with pytest.raises((UnknownTargetError, RemoteError)) as caught:
+                    await api.db_query("a", {"sql": "SELECT 1"}, "shop")
+                assert caught.value.code == "unknown_target"
+                assert "--db NAME=DSN" in caught.value.message
+    finally:
+        await store.close()
 
 
 async def test_local_api_without_databases_says_so() -> None:
@@ -426,7 +547,8 @@ def test_values_become_json() -> None:
     import uuid
 
     assert to_json(decimal.Decimal("12.50")) == "12.50"
-    assert to_json(float("nan")) == "nan"
+    assert to_json(float("nan")) == to_json(decimal.Decimal("NaN")) == "NaN"
+    assert to_json(float("-inf")) == "-Infinity"
     assert to_json(dt.date(2024, 1, 2)) == "2024-01-02"
     assert to_json(dt.timedelta(minutes=1, seconds=30)) == 90.0
     assert to_json(b"\x00\xff") == "AP8="

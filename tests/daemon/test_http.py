@@ -709,8 +709,21 @@ async def test_openapi_lists_the_paths_and_describes_the_bodies(api: Api) -> Non
         "/agents/{agent_id}/inbox",
         "/decisions",
         "/events",
+        "/gateway",
+        "/gateway/query",
+        "/gateway/{target}/schema",
+        "/gateway/{target}/agents/{agent_id}",
+        "/gateway/{target}/agents/{agent_id}/history",
+        "/gateway/{target}/agents/{agent_id}/freeze",
+        "/gateway/{target}/agents/{agent_id}/reinstate",
     }
     schemas = doc["components"]["schemas"]
+    query = doc["paths"]["/gateway/query"]["post"]
+    query_ref = query["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    assert {"target", "agent", "sql", "params", "op", "idempotencyKey"} <= set(
+        schemas[query_ref.rsplit("/", 1)[1]]["properties"]
+    )
+    assert {"200", "400", "404", "408", "409", "422", "423", "429"} <= set(query["responses"])
     spawn = doc["paths"]["/agents"]["post"]
     ref = spawn["requestBody"]["content"]["application/json"]["schema"]["$ref"]
     spawn_body = schemas[ref.rsplit("/", 1)[1]]

@@ -817,3 +817,24 @@ async def test_breakers_refuse_use_before_open_and_after_close(journal_path: Pat
     await b.close()  # idempotent
     with pytest.raises(UsageError, match="not open"):
         b.is_frozen("a")
+
+
+@pytest.mark.postgres
+async def test_a_nul_in_the_evidence_cannot_block_the_postgres_journal(
+    postgres_dsn: str, clock: FakeClock
+) -> None:
+    # PostgreSQL text cannot hold NUL; an agent's request (kept as evidence) and a reason can.
+    async with Breakers(POLICY, journal=PostgresFreezeJournal(postgres_dsn), clock=clock) as b:
+        for i in range(4):
+            await b.observe("x", outcome("parse_error", f"SELECT nope{i} -- \x00"))
+        assert b.is_frozen("x")
+        manual = await b.freeze("y", reason="loop\x00", by="ops\x00")
+        [freeze] = await b.history("x")
+        assert isinstance(freeze, Freeze)
+        assert [e.request for e in freeze.evidence][-1] == "SELECT nope3 -- \ufffd"
+        lifted = await b.reinstate("x", by="alice", reason="checked")
+        assert [r.id for r in await b.history("x")] == [freeze.id, lifted.id]
+        assert [r.id for r in await b.history("y")] == [manual.id]
+    async with Breakers(POLICY, journal=PostgresFreezeJournal(postgres_dsn), clock=clock) as b:
+        assert set(b.frozen_agents()) == {"y"}
+        assert b.frozen_agents()["y"].reason == "loop\ufffd"

@@ -14,7 +14,7 @@ from urllib.parse import quote, urlencode
 import httpx
 
 from corral.daemon import _errors
-from corral.daemon._databases import Databases, waiting_decisions
+from corral.daemon._databases import Databases, check_target_name, waiting_decisions
 from corral.daemon._errors import DaemonError, UnknownTargetError
 from corral.daemon._events import Event
 from corral.daemon._service import AgentService
@@ -95,7 +95,7 @@ class LocalApi:
         v.instance_of("LocalApi", "service", service, AgentService)
         v.instance_of("LocalApi", "databases", databases, (Databases, type(None)))
         self.service = service
-        self.databases = databases
+        self.databases = databases if databases is not None else Databases({}, service=service)
 
     async def spawn(self, spec: Mapping[str, Any], idempotency_key: str | None = None) -> Json:
         _mapping("spawn", "spec", spec)
@@ -142,12 +142,10 @@ class LocalApi:
         return waiting_decisions(self.service, self.databases)
 
     def _db(self) -> Databases:
-        if self.databases is None:
-            raise UnknownTargetError(None, [])
         return self.databases
 
     async def db_targets(self) -> list[Json]:
-        return [] if self.databases is None else self.databases.targets()
+        return self.databases.targets()
 
     async def db_schema(self, target: str | None = None) -> Json:
         return self._db().schema(target)
@@ -420,7 +418,7 @@ class HttpApi:
 
     async def _target(self, target: str | None) -> str:
         if target is not None:
-            v.non_empty_str("gateway", "target", target)
+            check_target_name("gateway", target)
             return target
         names = [str(t["name"]) for t in await self.db_targets()]
         if len(names) != 1:
@@ -479,8 +477,9 @@ class HttpApi:
 
 
 def _seg(agent_id: str) -> str:
-    # Agent ids are a_ + hex; anything else is quoted so it cannot change the route.
-    return quote(agent_id, safe="")
+    # Agent ids are a_ + hex; anything else is quoted so it cannot change the route (dots
+    # too: a client would resolve a "." or ".." segment before sending).
+    return quote(agent_id, safe="").replace(".", "%2E")
 
 
 def _reason(exc: httpx.TransportError) -> str:

@@ -25,11 +25,11 @@ import logging
 import math
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from corral.daemon._dsn import parse_dsn
-from corral.daemon._errors import GatewayNotInstalledError, UnknownTargetError
+from corral.daemon._errors import GatewayNotInstalledError, NotFrozenError, UnknownTargetError
 from corral.daemon._service import AgentService
 from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError
 from corral.kernel import _validate as v
@@ -85,11 +85,7 @@ class Databases:
         v.instance_of("Databases", "service", service, (AgentService, type(None)))
         self._gateways = dict(gateways)
         self._service = service
-        # Freezes already told to the event log (those present at start were told before).
-        self._told: set[str] = set()
-        for gw in self._gateways.values():
-            if gw.breaker_policy is not None:
-                self._told.update(f.id for f in gw.frozen_agents().values())
+        self._told: set[str] = set()  # freezes the event log has (or has been sent)
 
     @classmethod
     async def open(
@@ -135,17 +131,34 @@ class Databases:
                         breaker=policy,
                         clock=clock,
                     )
+            databases = cls(opened, service=service)
+            await databases.log_unlogged_freezes()
         except BaseException:
-            for gw in opened.values():
-                await gw.close()
+            await _close_all(opened.values())
             raise
-        return cls(opened, service=service)
+        return databases
 
     async def close(self) -> None:
-        """Close every gateway. Idempotent."""
+        """Close every gateway (each one, even when another fails to). Idempotent."""
         gateways, self._gateways = self._gateways, {}
-        for gw in gateways.values():
-            await gw.close()
+        await _close_all(gateways.values())
+
+    async def log_unlogged_freezes(self) -> None:
+        """Log each freeze in effect that the event log does not hold yet: one made just
+        before a crash, or while the daemon was not running (a gateway used from Python on
+        the same database)."""
+        if self._service is None:
+            return
+        for name in self.names:
+            gw = self._gateways[name]
+            if gw.breaker_policy is None:
+                continue
+            for agent_id, freeze in gw.frozen_agents().items():
+                logged = await self._service.logged_gateway_freezes(agent_id)
+                if freeze.id in logged:
+                    self._told.add(freeze.id)
+                else:
+                    await self._told_of(name, freeze)
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -231,6 +244,7 @@ class Databases:
             raise InvalidArgumentError(
                 "query", "request", "an object: {sql, params} or {op, table, ...}", request
             )
+        request = snake_request(request)
         name, gw = self.target(target)
         try:
             result = await gw.query(agent_id, request)
@@ -267,8 +281,8 @@ class Databases:
         """Freeze ``agent_id`` by hand in ``target``; idempotent (an agent already frozen
         keeps its freeze, which is answered)."""
         _agent("freeze", agent_id)
-        v.non_empty_str("freeze", "reason", reason)
-        v.non_empty_str("freeze", "by", by, optional=True)
+        _words("freeze", "reason", reason)
+        _words("freeze", "by", by, optional=True)
         name, gw = self.target(target)
         freeze = await gw.freeze(agent_id, reason, by=by)
         await self._told_of(name, freeze)
@@ -278,21 +292,34 @@ class Databases:
         """Lift ``agent_id``'s freeze in ``target``, recorded with ``by`` and ``reason``
         (in the gateway's journal, and as a resolved decision in the event log)."""
         _agent("reinstate", agent_id)
-        v.non_empty_str("reinstate", "by", by)
-        v.non_empty_str("reinstate", "reason", reason)
+        _words("reinstate", "by", by)
+        _words("reinstate", "reason", reason)
         name, gw = self.target(target)
-        freeze = gw.status(agent_id).freeze
+        freeze = gw.status(agent_id).freeze if gw.breaker_policy is not None else None
+        if freeze is None:
+            raise NotFrozenError(name, agent_id)
         done = await gw.reinstate(agent_id, by=by, reason=reason)
+        answer = {"target": name, **_record(done.to_dict())}
         if self._service is not None:
-            await self._service.record_gateway_resolution(
-                name, agent_id, _freeze_json(freeze), _record(done.to_dict())
-            )
-        return {"target": name, **_record(done.to_dict())}
+            try:
+                await self._service.record_gateway_resolution(
+                    name, agent_id, _freeze_json(freeze), _record(done.to_dict())
+                )
+            except Exception:
+                # Done is done (the gateway's journal has it); a retry would only be told
+                # "not frozen". The event log misses the resolution, and the log says so.
+                logger.exception("could not log the reinstatement of %s in %s", agent_id, name)
+        return answer
 
     async def _tell_freeze(self, name: str, gw: AnyGateway, agent_id: str) -> None:
         if gw.breaker_policy is None:
             return
-        freeze = gw.status(agent_id).freeze
+        try:
+            freeze = gw.status(agent_id).freeze
+        except Exception:
+            # Asking must never replace the answer of the request that led here.
+            logger.exception("could not read the breakers of %s in %s", agent_id, name)
+            return
         if freeze is not None:
             await self._told_of(name, freeze)
 
@@ -319,12 +346,58 @@ def waiting_decisions(service: AgentService, databases: Databases | None) -> lis
     return waiting
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CAMEL_KEYS = {
+    "idempotencyKey": "idempotency_key",
+    "planHash": "plan_hash",
+    "orderBy": "order_by",
+    "allRows": "all_rows",
+}
+
+
+def check_target_name(where: str, name: Any) -> None:
+    """A database's name as ``--db`` takes it; ``InvalidArgumentError`` otherwise."""
+    v.non_empty_str(where, "target", name)
+    if not _NAME.match(name):
+        raise InvalidArgumentError(where, "target", _NAME_RULE, name)
+
+
+def snake_request(request: Mapping[str, Any]) -> dict[str, Any]:
+    """``request`` with the camelCase spellings the daemon accepts (``idempotencyKey``,
+    ``planHash``, ``orderBy``, ``allRows``) in the gateway's snake_case. Raises
+    ``InvalidArgumentError`` when both spellings of one key are given."""
+    data = dict(request)
+    for camel, snake in _CAMEL_KEYS.items():
+        if camel in data:
+            if snake in data:
+                raise InvalidArgumentError("query", camel, f"given once (or as {snake})", camel)
+            data[snake] = data.pop(camel)
+    return data
+
+
 def _agent(where: str, agent_id: Any) -> None:
     v.non_empty_str(where, "agent", agent_id)
     if len(agent_id) > _AGENT_MAX:
         raise InvalidArgumentError(
             where, "agent", f"at most {_AGENT_MAX} characters", f"{len(agent_id)} characters"
         )
+    _words(where, "agent", agent_id)
+
+
+def _words(where: str, name: str, value: Any, *, optional: bool = False) -> None:
+    """A name or a sentence for people: non-empty, without control characters (which
+    terminals, logs and PostgreSQL text do not all take)."""
+    v.non_empty_str(where, name, value, optional=optional)
+    if value is not None and _CONTROL.search(value):
+        raise InvalidArgumentError(where, name, "text without control characters", value)
+
+
+async def _close_all(gateways: Iterable[AnyGateway]) -> None:
+    for gw in list(gateways):
+        try:
+            await gw.close()
+        except Exception:
+            logger.exception("could not close a gateway")
 
 
 def _freeze_json(freeze: Freeze | None) -> Json | None:
@@ -357,7 +430,8 @@ def to_json(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | str):
         return value
     if isinstance(value, float):
-        return value if math.isfinite(value) else repr(value)
+        # The names decimal.Decimal uses, so a float and a numeric say the same.
+        return value if math.isfinite(value) else str(decimal.Decimal(value))
     if isinstance(value, decimal.Decimal):
         return str(value)
     if isinstance(value, dt.datetime | dt.date | dt.time):

@@ -224,6 +224,21 @@ class GatewayNotInstalledError(DaemonError, UsageError):
         )
 
 
+class NotFrozenError(DaemonError):
+    """A reinstatement of an agent that is not frozen in that database (already
+    reinstated, perhaps by someone else)."""
+
+    code = "not_frozen"
+    status = 409
+
+    def __init__(self, target: str, agent_id: str) -> None:
+        super().__init__(
+            f"agent {agent_id!r} is not frozen in {target!r}: nothing to reinstate",
+            target=target,
+            agent_id=agent_id,
+        )
+
+
 def http_status(error: CorralError) -> int:
     """The HTTP status for ``error``: its own ``status``, else by family."""
     status = getattr(error, "status", None)

@@ -410,10 +410,10 @@ def create_app(
         if principal is not None and not service.in_scope(principal, agent_id):
             raise OutOfScopeError(principal, f"agent {agent_id!r}")
 
-    if databases is not None:
-        from corral.daemon._http_gateway import add_gateway_routes  # it imports this module
+    from corral.daemon._http_gateway import add_gateway_routes  # it imports this module
 
-        add_gateway_routes(app, service, databases)
+    # Without --db the routes answer too: no database (unknown_target), not no route.
+    add_gateway_routes(app, service, databases or Databases({}, service=service))
     return app
 
 

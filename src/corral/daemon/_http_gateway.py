@@ -40,13 +40,6 @@ from corral.daemon._http import (
 )
 from corral.daemon._service import AgentService
 
-_CAMEL_KEYS = {
-    "idempotencyKey": "idempotency_key",
-    "planHash": "plan_hash",
-    "orderBy": "order_by",
-    "allRows": "all_rows",
-}
-
 
 class QueryBody(_Body):
     """``POST /gateway/query``: which database, which agent, and the request itself."""
@@ -131,12 +124,6 @@ def add_gateway_routes(app: FastAPI, service: AgentService, databases: Databases
         for name, value in (("target", target), ("agent", agent)):
             if value is not None and not (isinstance(value, str) and value):
                 problems.append({"field": name, "message": "must be a non-empty string"})
-        for camel, snake in _CAMEL_KEYS.items():
-            if camel in data:
-                if snake in data:
-                    problems.append({"field": camel, "message": f"give {camel} or {snake}"})
-                    continue
-                data[snake] = data.pop(camel)
         principal = _principal(request)
         if principal is None and agent is None and not problems:
             problems.append({"field": "agent", "message": "required: the agent making it"})
@@ -177,7 +164,13 @@ def add_gateway_routes(app: FastAPI, service: AgentService, databases: Databases
     async def freeze(target: str, agent_id: str, request: Request) -> JSONResponse:
         in_scope(request, agent_id)
         body = _model(FreezeBody, await _body(request) or b"{}", "freeze body")
-        by = body.by if body.by is not None else _principal(request)
+        by = body.by
+        principal = _principal(request)
+        if principal is not None:
+            # An agent freezes in its own name: the record must not say a person did it.
+            if by is not None and by != principal:
+                raise OutOfScopeError(principal, f"freezing in the name of {by!r}")
+            by = principal
         return JSONResponse(await databases.freeze(target, agent_id, reason=body.reason, by=by))
 
     @app.post(

@@ -714,6 +714,17 @@ class AgentService:
                 )
             await self._commit(events)
 
+    async def logged_gateway_freezes(self, agent_id: str) -> set[str]:
+        """The ids of ``agent_id``'s gateway freezes the event log holds."""
+        found: set[str] = set()
+        after = 0
+        while True:
+            page = await self.store.read(after, agent_id=agent_id, limit=1000)
+            if not page:
+                return found
+            found.update(str(e.data.get("id")) for e in page if e.type == ev.GATEWAY_FROZEN)
+            after = page[-1].seq
+
     async def record_gateway_resolution(
         self, target: str, agent_id: str, freeze: Record | None, reinstatement: Record
     ) -> None:

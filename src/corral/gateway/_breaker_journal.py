@@ -62,6 +62,22 @@ def _dump(record: Freeze | Reinstatement) -> str:
     return json.dumps(record.to_dict(), separators=(",", ":"), sort_keys=True)
 
 
+def _text(value: str) -> str:
+    """``value`` as PostgreSQL can store it: text may not hold NUL, which an agent's request
+    (kept as evidence) can carry; U+FFFD stands in for it."""
+    return value.replace("\x00", "\ufffd")
+
+
+def _storable(value: Any) -> Any:
+    if isinstance(value, str):
+        return _text(value)
+    if isinstance(value, dict):
+        return {_text(str(k)): _storable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_storable(v) for v in value]
+    return value
+
+
 def _unavailable(where: str, exc: BaseException) -> GatewayError:
     text = str(exc).strip()
     reason = text.splitlines()[0] if text else type(exc).__name__
@@ -339,14 +355,21 @@ class PostgresFreezeJournal:
         from psycopg.types.json import Jsonb
 
         self._require_open()
+        data = _storable(record.to_dict())
         try:
             async with self._require().connection() as conn, conn.transaction():
                 await conn.execute(
                     self._insert,
-                    (record.id, record.agent_id, record.kind, record.at, Jsonb(record.to_dict())),
+                    (record.id, _text(record.agent_id), record.kind, record.at, Jsonb(data)),
                 )
         except psycopg.OperationalError as exc:
             raise _unavailable(self._where, exc) from exc
+        except psycopg.Error as exc:
+            raise GatewayError(
+                "database_error",
+                f"the freeze journal at {self._where!r} refused a record: {exc}",
+                record=record.id,
+            ) from exc
 
     async def _select(self, query: Any, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
         psycopg = _import_psycopg()
@@ -374,7 +397,8 @@ class PostgresFreezeJournal:
         return {freeze.agent_id: freeze for freeze in freezes}
 
     async def history(self, agent_id: str) -> list[Freeze | Reinstatement]:
-        return [record_from_dict(data) for data in await self._select(self._history, (agent_id,))]
+        rows = await self._select(self._history, (_text(agent_id),))
+        return [record_from_dict(data) for data in rows]
 
     def __repr__(self) -> str:
         schema = f", schema={self.schema!r}" if self.schema else ""
