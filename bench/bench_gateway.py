@@ -2,16 +2,21 @@
 
 Goals (issue: the database gateway): a primary-key read's p50 at most 1.3x a direct pooled
 psycopg read; a keyed insert's p50 at most 1.6x a plain insert; a replay (same key, same work)
-no slower than a direct point read. Also the cost of analysing (parse + validate) a two-table
-join with a cold and a warm cache. Run with ``.venv/bin/python -m bench bench_gateway``. Needs
-a server at ``CORRAL_BENCH_PG`` (default postgresql://postgres@127.0.0.1:5432/postgres): the
-benchmark creates its own database there and drops it afterwards; without a server it prints
-a note and skips.
+no slower than a direct point read; and isolation: one agent holding all its connections in
+long statements slows another agent's point reads by at most 10 % at the median. Also the cost
+of analysing (parse + validate) a two-table join with a cold and a warm cache. Run with
+``.venv/bin/python -m bench bench_gateway``. Needs a server at ``CORRAL_BENCH_PG`` (default
+postgresql://postgres@127.0.0.1:5432/postgres): the benchmark creates its own database there
+and drops it afterwards; without a server it prints a note and skips.
 
 Each pair is measured alternately (gateway, direct, direct, gateway, ...) over the same
 connection sizes, so drift on the machine affects both sides alike. Direct psycopg runs with
 its defaults (an ``AsyncConnectionPool`` of autocommit connections, which prepare a statement
-after its fifth execution); the gateway opens its connections with prepared statements off.
+after its fifth execution); the gateway prepares every statement on its connections itself.
+The isolation figures alternate rounds of the reader alone and the reader while the hog's
+``pool_size`` connections sleep in the server (checked to be still sleeping after each round),
+each side first in every other round and measured after a short pause and a few unmeasured
+reads, so that opening and closing the hog's connections weighs on neither side.
 """
 
 from __future__ import annotations
@@ -43,9 +48,17 @@ READS = 3_000
 INSERTS = 2_000
 REPLAYS = 2_000
 ANALYSES = 2_000
+ISOLATION_READS = 2_000  # per side, over ISOLATION_ROUNDS rounds of each
+ISOLATION_ROUNDS = 40
+# Before each round's measured reads, both sides alike: a pause (the machine settles after
+# the hog's connections open or close), then unmeasured reads.
+SETTLE_S = 0.02
+PHASE_WARMUP = 10
 WARMUP = 200
 POOL_SIZE = 2
 AGENT = "bench-agent"
+HOG = "bench-hog"
+READER = "bench-reader"
 
 READ_GW = "SELECT id, customer_id, status, total, created_at, meta FROM orders WHERE id = $1"
 READ_PG = "SELECT id, customer_id, status, total, created_at, meta FROM orders WHERE id = %s"
@@ -64,6 +77,9 @@ EXTRA_ROWS = (
     f"FROM generate_series(11, {ORDERS + 10}) AS g",
     "CREATE TABLE bench_events (id bigint PRIMARY KEY, order_id integer NOT NULL, "
     "amount numeric(10, 2) NOT NULL)",
+    # The gateway refuses pg_sleep itself, not a function that calls it.
+    "CREATE FUNCTION bench_sleep(seconds float8) RETURNS integer LANGUAGE sql VOLATILE "
+    "AS 'SELECT 1 FROM pg_sleep(seconds)'",
     "ANALYZE",
 )
 
@@ -87,12 +103,12 @@ async def bench_database() -> AsyncIterator[str]:
             await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
-def _connect_gateway(dsn: str) -> Any:
+def _connect_gateway(dsn: str, **options: Any) -> Any:
     # A ``breaker=`` argument may or may not exist yet: pass None only when it does.
     extra: dict[str, Any] = {}
     if "breaker" in inspect.signature(Gateway.connect).parameters:
         extra["breaker"] = None
-    return Gateway.connect(dsn, pool_size=POOL_SIZE, **extra)
+    return Gateway.connect(dsn, pool_size=POOL_SIZE, **extra, **options)
 
 
 Call = Callable[[int], Awaitable[object]]
@@ -261,9 +277,106 @@ def analysis_lines(catalog: Catalog) -> list[str]:
     ]
 
 
+async def _sleeping(admin: psycopg.AsyncConnection[Any], agent: str) -> int:
+    cur = await admin.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+        "AND state = 'active' AND wait_event = 'PgSleep'",
+        [f"corral-gateway:{agent}"],
+    )
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def _hold(gw: Gateway, admin: psycopg.AsyncConnection[Any]) -> list[asyncio.Task[Any]]:
+    """The hog's ``POOL_SIZE`` long reads, once all of them sleep in the server."""
+    held = [
+        asyncio.create_task(gw.query(HOG, {"sql": "SELECT bench_sleep(60)"}))
+        for _ in range(POOL_SIZE)
+    ]
+    deadline = time.monotonic() + 10
+    while await _sleeping(admin, HOG) < POOL_SIZE:
+        if time.monotonic() > deadline or any(t.done() for t in held):
+            raise RuntimeError("the hog's statements never all ran")
+        await asyncio.sleep(0.005)
+    return held
+
+
+async def run_isolation(dsn: str) -> list[str]:
+    """The reader's point reads alone, then while the hog holds every connection it may have;
+    alternating rounds, the same reader pool throughout."""
+    rng = random.Random(7)
+    alone: list[int] = []
+    beside: list[int] = []
+    per_round = ISOLATION_READS // ISOLATION_ROUNDS
+    async with (
+        _connect_gateway(dsn, statement_timeout_s=120) as gw,
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin,
+    ):
+
+        async def read_rounds(times: list[int], n: int) -> None:
+            for _ in range(n):
+                params = [rng.randint(1, ORDERS + 10)]
+                start = time.perf_counter_ns()
+                await gw.query(READER, {"sql": READ_GW, "params": params})
+                times.append(time.perf_counter_ns() - start)
+
+        async def beside_hog() -> None:
+            held = await _hold(gw, admin)
+            await asyncio.sleep(SETTLE_S)
+            gc.collect()
+            await read_rounds([], PHASE_WARMUP)
+            await read_rounds(beside, per_round)
+            if any(t.done() for t in held) or await _sleeping(admin, HOG) < POOL_SIZE:
+                raise RuntimeError("the hog let go of a connection during the round")
+            await gw.drain(HOG)
+            await asyncio.gather(*held, return_exceptions=True)
+
+        await read_rounds([], WARMUP)
+        for n in range(ISOLATION_ROUNDS):
+            # Alone first in even rounds, beside the hog first in odd ones, so that drift on
+            # the machine falls on both sides alike.
+            if n % 2:
+                await beside_hog()
+            await asyncio.sleep(SETTLE_S)
+            gc.collect()
+            await read_rounds([], PHASE_WARMUP)
+            await read_rounds(alone, per_round)
+            if not n % 2:
+                await beside_hog()
+    a50, a99, b50, b99 = pct(alone, 0.5), pct(alone, 0.99), pct(beside, 0.5), pct(beside, 0.99)
+    ratio = b50 / a50
+    return [
+        row(
+            f"reader's point read, hog holding all {POOL_SIZE} of its connections",
+            "alone p50",
+            "alone p99",
+            "beside hog p50",
+            "beside hog p99",
+            "p50 ratio",
+            "p99 ratio",
+            "goal",
+            "met?",
+        ),
+        row(*["---"] * 9),
+        row(
+            f"{len(alone):,} reads per side, {ISOLATION_ROUNDS} rounds each",
+            us(a50),
+            us(a99),
+            us(b50),
+            us(b99),
+            f"{ratio:.2f}x",
+            f"{b99 / a99:.2f}x",
+            "p50 ≤ 1.1x",
+            verdict(ratio <= 1.1),
+        ),
+    ]
+
+
 async def run() -> list[str]:
     async with bench_database() as dsn:
-        return await run_pairs(dsn)
+        pairs = await run_pairs(dsn)
+        isolation = await run_isolation(dsn)
+        return [*pairs, "", *isolation]
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from corral.gateway import _plan
+from corral.gateway import _execute, _plan
 from corral.gateway._catalog import Catalog
 from corral.gateway._errors import GatewayError
 from corral.gateway._gateway import Gateway
@@ -139,6 +139,8 @@ def _misclassify(monkeypatch: pytest.MonkeyPatch) -> None:
         return dataclasses.replace(analyze(sql, catalog), kind="read", written=())
 
     monkeypatch.setattr(_plan, "analyze", as_read)
+    # Plans keep what analysis said per text: a fresh cache for the misclassified ones.
+    monkeypatch.setattr(_plan, "_SHAPES", {})
 
 
 @pytest.mark.parametrize(
@@ -402,3 +404,58 @@ async def test_an_unchanged_schema_keeps_its_catalog(shop_dsn: str) -> None:
     async with Gateway.connect(shop_dsn) as gw:
         catalog = gw.catalog
         assert await gw.refresh_catalog() is catalog
+
+
+# --- prepared statements ----------------------------------------------------------------------
+
+
+async def test_prepared_statements_follow_a_change_of_their_result_shape(shop_dsn: str) -> None:
+    read = {"sql": "SELECT * FROM customers WHERE id = $1", "params": [1]}
+
+    def rename(n: int) -> dict[str, Any]:
+        return {
+            "sql": "UPDATE customers SET name = $1 WHERE id = 1 RETURNING *",
+            "params": [f"name-{n}"],
+            "idempotency_key": f"rename-{n}",
+        }
+
+    async with Gateway.connect(shop_dsn, pool_size=1) as gw:
+        for _ in range(3):  # prepared by the first, reused by the others
+            before = await gw.query(AGENT, read)
+        await gw.query(AGENT, rename(0))
+        execute(shop_dsn, "ALTER TABLE customers ADD COLUMN tier text DEFAULT 'gold'")
+        renamed = await gw.query(AGENT, rename(1))  # the write's statements went stale
+        assert renamed.rows == [{**before.rows[0], "name": "name-1", "tier": "gold"}]
+        after = await gw.query(AGENT, read)
+        assert after.columns == (*before.columns, "tier")
+        assert after.rows == renamed.rows
+        execute(shop_dsn, "ALTER TABLE customers ALTER COLUMN tier TYPE varchar(10)")
+        assert (await gw.query(AGENT, read)).rows == after.rows  # the read's went stale
+
+
+async def test_statements_past_the_limit_of_a_connection_are_closed(shop_dsn: str) -> None:
+    limit = _execute._STATEMENTS_PER_CONNECTION
+
+    def numbered(n: int) -> dict[str, Any]:
+        return {"sql": f"SELECT id, {n} AS n FROM orders WHERE id = $1", "params": [1]}
+
+    async with Gateway.connect(shop_dsn, pool_size=1) as gw:
+        for n in range(limit + 20):
+            assert (await gw.query(AGENT, numbered(n))).rows == [{"id": 1, "n": n}]
+        assert (await gw.query(AGENT, numbered(0))).rows == [{"id": 1, "n": 0}]
+        async with gw._pools.lease(AGENT) as lease:
+            cur = await lease.conn.execute("SELECT count(*) FROM pg_prepared_statements")
+            row = await cur.fetchone()
+    # The statement evicted by the last request is closed with the next one.
+    assert row is not None
+    assert limit <= row[0] <= limit + 1
+
+
+async def test_a_cut_read_leaves_its_connection_ready(shop_dsn: str) -> None:
+    async with Gateway.connect(shop_dsn, pool_size=1, max_rows=2) as gw:
+        for _ in range(3):
+            many = await gw.query(AGENT, {"sql": "SELECT g FROM generate_series(1, 50000) g"})
+            assert (many.rows, many.truncated) == ([{"g": 1}, {"g": 2}], True)
+            point = {"sql": "SELECT id FROM orders WHERE id = $1", "params": [4]}
+            one = await gw.query(AGENT, point)
+            assert (one.rows, one.truncated) == ([{"id": 4}], False)

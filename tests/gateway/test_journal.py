@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import decimal
+import hashlib
 import ipaddress
+import json
 import uuid
 from typing import Any
 
 import pytest
 
+from corral.gateway import _execute
 from corral.gateway._gateway import Gateway
 from corral.gateway._journal import (
     JournalName,
@@ -49,6 +52,29 @@ def test_fingerprint_covers_statement_parameters_and_plan_hash() -> None:
         fingerprint("INSERT INTO t VALUES ($1)", [1], ""),
     ]
     assert len({base, *different}) == len(different) + 1
+
+
+def test_fingerprints_are_the_sha256_of_the_work_as_json() -> None:
+    # Journals outlive gateway versions: the text hashed must never change. Plain parameters
+    # take a shortcut, which must give the same text as the general encoding.
+    cases: list[tuple[str, tuple[Any, ...], str | None]] = [
+        ("INSERT INTO t VALUES ($1, $2, $3)", (1, 'é " \\ \n \u2028 𝄞', None), None),
+        ("UPDATE t SET a = $1", (True, False, -(10**30), ""), "plan"),
+        ("DELETE FROM t", (), ""),
+    ]
+    for normalized, params, plan_hash in cases:
+        text = json.dumps(
+            [normalized, list(params), plan_hash],
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=False,
+        )
+        expected = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        assert fingerprint(normalized, params, plan_hash) == expected
+    # An object's keys are sorted.
+    assert fingerprint("x", ({"b": 1, "a": 2},), None) == fingerprint(
+        "x", ({"a": 2, "b": 1},), None
+    )
 
 
 def test_results_come_back_from_the_journal_with_their_types() -> None:
@@ -277,3 +303,119 @@ async def test_the_journal_can_live_elsewhere(shop_dsn: str) -> None:
         await gw.query(AGENT, refund(1))
         assert gw.catalog.table("ops.keys") is None
     assert fetch(shop_dsn, "SELECT key FROM ops.keys") == [("refund-1",)]
+
+
+# --- the wire: one round trip for writes without RETURNING ------------------------------------
+
+
+@pytest.mark.postgres
+async def test_a_write_without_returning_completes_its_journal_row_in_its_own_statement(
+    shop_dsn: str,
+) -> None:
+    request = {
+        # A trailing semicolon and comment: the write is wrapped, so both must be left out.
+        "sql": "UPDATE orders SET status = $1 WHERE status = $2; -- settle them",
+        "params": ["settled", "paid"],
+        "idempotency_key": "settle",
+    }
+    paid = int(fetch(shop_dsn, "SELECT count(*) FROM orders WHERE status = 'paid'")[0][0])
+    assert paid > 1
+    async with Gateway.connect(shop_dsn) as gw:
+        first = await gw.query(AGENT, request)
+    assert (first.status, first.row_count, first.rows, first.columns) == ("ok", paid, [], ())
+    journal = fetch(shop_dsn, "SELECT state, result FROM corral.gateway_journal")
+    assert journal == [
+        ("completed", {"columns": [], "rows": [], "row_count": paid, "truncated": False})
+    ]
+    assert decode_result(journal[0][1]) == StoredResult((), [], paid, False)
+    # After a restart the journal answers; had the write run again it would match nothing.
+    execute(shop_dsn, "UPDATE orders SET status = 'paid' WHERE status = 'settled'")
+    async with Gateway.connect(shop_dsn) as gw:
+        replayed = await gw.query(AGENT, request)
+    assert (replayed.status, replayed.row_count) == ("replayed", paid)
+    assert fetch(shop_dsn, "SELECT count(*) FROM orders WHERE status = 'settled'") == [(0,)]
+
+
+@pytest.mark.postgres
+async def test_writes_of_every_shape_are_journalled_with_their_write(shop_dsn: str) -> None:
+    requests: list[dict[str, Any]] = [
+        # Its own WITH: runs as it is, its rows stored in a second round trip.
+        {
+            "sql": "WITH moved AS (UPDATE orders SET status = 'held' WHERE id = $1 "
+            "RETURNING id) SELECT count(*) AS n FROM moved",
+            "params": [2],
+            "idempotency_key": "with",
+        },
+        {"op": "insert", "table": "refunds", "values": [{"id": 7, "order_id": 1, "amount": 1}]},
+        {"op": "delete", "table": "refunds", "where": {"id": 7}},
+        {"sql": "INSERT INTO notes DEFAULT VALUES", "idempotency_key": "defaults"},
+    ]
+    expected = [([{"n": 1}], 1), ([], 1), ([], 1), ([], 1)]
+    for n, request in enumerate(requests):
+        request.setdefault("idempotency_key", f"op-{n}")
+    execute(shop_dsn, "CREATE TABLE notes (id serial PRIMARY KEY, body text)")
+    async with Gateway.connect(shop_dsn) as gw:
+        for request, (rows, count) in zip(requests, expected, strict=True):
+            result = await gw.query(AGENT, request)
+            assert (result.status, result.rows, result.row_count) == ("ok", rows, count)
+    async with Gateway.connect(shop_dsn) as gw:
+        for request, (rows, count) in zip(requests, expected, strict=True):
+            result = await gw.query(AGENT, request)
+            assert (result.status, result.rows, result.row_count) == ("replayed", rows, count)
+    states = fetch(shop_dsn, "SELECT DISTINCT state FROM corral.gateway_journal")
+    assert states == [("completed",)]
+    assert fetch(shop_dsn, "SELECT id FROM notes") == [(1,)]
+
+
+@pytest.mark.postgres
+async def test_a_write_postgres_refuses_inside_with_runs_unwrapped(shop_dsn: str) -> None:
+    # DO INSTEAD rules are not supported in data-modifying WITH: the wrapped form fails and
+    # the write runs as it is, still with its journal row in its transaction.
+    execute(
+        shop_dsn,
+        "CREATE TABLE ruled (n integer)",
+        "CREATE TABLE ruled_log (n integer)",
+        "CREATE RULE ruled_redirect AS ON INSERT TO ruled DO INSTEAD "
+        "INSERT INTO ruled_log VALUES (NEW.n)",
+    )
+
+    def ruled(n: int) -> dict[str, Any]:
+        sql = "INSERT INTO ruled (n) VALUES ($1)"
+        return {"sql": sql, "params": [n], "idempotency_key": f"ruled-{n}"}
+
+    async with Gateway.connect(shop_dsn) as gw:
+        for n in range(3):
+            request = ruled(n)
+            result = await gw.query(AGENT, request)
+            assert (result.status, result.row_count) == ("ok", 1)
+            assert (await gw.query(AGENT, request)).status == "replayed"
+    async with Gateway.connect(shop_dsn) as gw:
+        again = await gw.query(AGENT, ruled(0))
+        assert (again.status, again.row_count) == ("replayed", 1)
+    assert fetch(shop_dsn, "SELECT n FROM ruled_log ORDER BY n") == [(0,), (1,), (2,)]
+    assert b"INSERT INTO ruled (n) VALUES ($1)" in _execute._UNWRAPPED  # tried wrapped once
+    assert fetch(shop_dsn, "SELECT count(*) FROM corral.gateway_journal") == [(3,)]
+
+
+@pytest.mark.postgres
+async def test_a_write_refused_at_commit_leaves_its_key_free(shop_dsn: str) -> None:
+    # A deferred constraint is checked by COMMIT, sent in the write's round trip: the journal
+    # row goes with the write.
+    execute(
+        shop_dsn,
+        "CREATE TABLE claims (refund_id integer REFERENCES refunds (id) "
+        "DEFERRABLE INITIALLY DEFERRED)",
+    )
+    request = {
+        "sql": "INSERT INTO claims (refund_id) VALUES ($1)",
+        "params": [42],
+        "idempotency_key": "claim-42",
+    }
+    async with Gateway.connect(shop_dsn) as gw:
+        error = await refused(gw, request)
+        assert (error.code, error.details["sqlstate"]) == ("database_error", "23503")
+        assert fetch(shop_dsn, "SELECT count(*) FROM corral.gateway_journal") == [(0,)]
+        execute(shop_dsn, "INSERT INTO refunds VALUES (42, 4, 1)")
+        assert (await gw.query(AGENT, request)).status == "ok"
+        assert (await gw.query(AGENT, request)).status == "replayed"
+    assert fetch(shop_dsn, "SELECT count(*) FROM claims") == [(1,)]

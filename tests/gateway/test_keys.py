@@ -16,6 +16,8 @@ import pytest
 
 from corral.gateway._errors import GatewayError
 from corral.gateway._gateway import Gateway
+from corral.gateway._journal import StoredResult, encode_result, fingerprint
+from corral.gateway._plan import plan_request
 from corral.runtime import FakeClock
 from tests.gateway.crash_worker import AGENT as CRASH_AGENT
 from tests.gateway.crash_worker import insert
@@ -232,3 +234,59 @@ async def test_writes_killed_at_random_points_apply_exactly_once(shop_dsn: str) 
         "SELECT count(*), count(*) FILTER (WHERE state = 'completed') FROM corral.gateway_journal",
     )
     assert journal == [(count, count)]
+
+
+@pytest.mark.postgres
+async def test_twenty_gateways_racing_on_a_write_without_returning_run_it_once(
+    shop_dsn: str,
+) -> None:
+    request = {
+        "sql": "INSERT INTO refunds (id, order_id, amount) VALUES ($1, 4, 5)",
+        "params": [1],
+        "idempotency_key": "refund-1",
+    }
+    gateways = [await Gateway.connect(shop_dsn, key_wait_s=5) for _ in range(20)]
+    try:
+        outcomes = await asyncio.gather(*(gw.query(AGENT, request) for gw in gateways))
+    finally:
+        for gw in gateways:
+            await gw.close()
+    assert sorted(o.status for o in outcomes) == ["ok"] + ["replayed"] * 19
+    assert {o.row_count for o in outcomes} == {1}
+    assert int(fetch(shop_dsn, "SELECT count(*) FROM refunds")[0][0]) == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("returning", [False, True])
+async def test_a_key_journalled_by_a_transaction_without_its_lock_is_replayed(
+    shop_dsn: str, returning: bool
+) -> None:
+    # A transaction that writes the journal row without taking the key's lock (as older
+    # gateways did) commits first: the write waiting on its row is rolled back and replays.
+    request: dict[str, Any] = {
+        "sql": "INSERT INTO refunds (id, order_id, amount) VALUES ($1, 4, 5)"
+        + (" RETURNING id" if returning else ""),
+        "params": [1],
+        "idempotency_key": "refund-1",
+    }
+    stored = (
+        StoredResult(("id",), [{"id": 1}], 1, False)
+        if returning
+        else StoredResult((), [], 1, False)
+    )
+    with psycopg.connect(shop_dsn) as older:
+        async with Gateway.connect(shop_dsn) as gw:
+            planned = plan_request(request, gw.catalog)
+            fp = fingerprint(planned.normalized(), planned.params, planned.plan_hash)
+            older.execute(
+                "INSERT INTO corral.gateway_journal (agent_id, key, fingerprint, state, "
+                "result, created_at, completed_at) "
+                "VALUES (%s, 'refund-1', %s, 'completed', %s::jsonb, now(), now())",
+                [AGENT, fp, encode_result(stored)],
+            )
+            task = asyncio.create_task(gw.query(AGENT, request))
+            await _until_waiting_on_lock(shop_dsn)
+            older.commit()
+            result = await asyncio.wait_for(task, 5)
+    assert (result.status, result.row_count, result.rows) == ("replayed", 1, stored.rows)
+    assert fetch(shop_dsn, "SELECT count(*) FROM refunds") == [(0,)]  # its write rolled back

@@ -27,7 +27,7 @@ Idempotency (see :mod:`~._keys` and :mod:`~._journal`). Keys are per agent; the 
 is the SHA-256 of the normalised statement, its parameters and ``plan_hash``. A completed
 key's result is kept in memory (LRU of ``replay_cache_size``) and in the journal, so a replay
 reads the journal at most once per gateway process and never runs the write (a journalled key
-fails the claim that precedes the write in its pipeline, and the server discards the write
+fails the check that precedes the write in its pipeline, and the server discards the write
 unexecuted). The same key arriving while this gateway runs it waits up to ``key_wait_s`` for
 the outcome (then ``replayed``, else ``idempotency_in_progress``); a key held by another
 process's uncommitted write is waited for as long, in the database. A different fingerprint
@@ -132,7 +132,8 @@ class Gateway:
         options = f"{dsn_options} -c default_transaction_read_only=on -c statement_timeout={ms}"
         connect_kwargs: dict[str, Any] = {
             "autocommit": True,
-            # Auto-prepared statements do not survive an aborted pipeline.
+            # psycopg's own preparing stays off: requests are sent by _execute, which prepares
+            # them itself (and keeps track of statements an aborted pipeline never created).
             "prepare_threshold": None,
             "connect_timeout": max(2, math.ceil(config.connect_timeout_s)),
         }
@@ -370,7 +371,9 @@ class Gateway:
         v.non_empty_str("Gateway.query", "agent_id", agent_id)
         if self._closed or not self._keeper.is_open:
             raise GatewayError("database_unavailable", "the gateway is closed or not open")
-        await self._check_frozen(agent_id)
+        config = self._config
+        if self._breakers is not None or config.frozen is not None:
+            await self._check_frozen(agent_id)
         planned: Planned | None = None
         try:
             await self._keeper.refresh_if_old()
@@ -379,7 +382,8 @@ class Gateway:
         except GatewayError as exc:
             await self._report(agent_id, request, planned, exc.code, exc.message, None)
             raise
-        await self._report(agent_id, request, planned, outcome_code(result), None, result)
+        if self._breakers is not None or config.observe is not None:
+            await self._report(agent_id, request, planned, outcome_code(result), None, result)
         return result
 
     async def _check_frozen(self, agent_id: str) -> None:

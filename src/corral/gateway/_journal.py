@@ -10,11 +10,14 @@ Table ``<schema>.<table>`` (default ``corral.gateway_journal``), created by
     created_at, completed_at timestamptz
 
 Keys are scoped per agent: two agents may use the same key for different work, and one
-agent's key never replays another agent's result. A write's journal row is inserted before the
-write, in the write's own transaction, and completed in it: a committed row is therefore always
-``completed`` and a crash rolls back the row with the write, so no write's fate is ever
-unknown. A committed ``running`` row (which only a journal outside the write's transaction
-could leave) is reported ``outcome_unknown``.
+agent's key never replays another agent's result. A write's journal row is inserted,
+``completed`` with its result, in the write's own transaction (by the write's own statement
+when the server can count its rows, see :mod:`~._execute`): a crash rolls back the row with the
+write, so no write's fate is ever unknown. While the write runs, its key is held by a
+transaction-scoped advisory lock (:meth:`JournalName.lock_key`), so a second transaction with
+the same key waits for it, then finds the row. A committed ``running`` row (which only a journal
+outside the write's transaction could leave, such as older versions' claims) is reported
+``outcome_unknown``.
 
 The journal's schema belongs to the gateway: nothing in it is shown to agents.
 """
@@ -29,7 +32,7 @@ import ipaddress
 import json
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -79,20 +82,38 @@ class JournalName:
         """``"schema"."table"``, for SQL run with or without parameters (no ``%`` in names)."""
         return f"{quote_identifier(self.schema, 'sqlite')}.{quote_identifier(self.table, 'sqlite')}"
 
+    def lock_key(self, agent_id: str, key: str) -> int:
+        """The advisory lock (a signed 64-bit number) that holds ``(agent_id, key)`` of this
+        journal while its write runs: the same in every process."""
+        # Lengths first, so that no two (agent, key) pairs spell the same text.
+        named = f"{self.schema}.{self.table}:{len(agent_id)}:{agent_id}:{key}".encode()
+        return int.from_bytes(hashlib.blake2b(named, digest_size=8).digest(), "big", signed=True)
+
     @property
-    def claim_sql(self) -> str:
-        # No ON CONFLICT: a key already journalled must fail this statement, so that the
-        # write sent after it in the same pipeline is discarded by the server unexecuted.
+    def try_lock_sql(self) -> str:
+        # Fails (division by zero) when another transaction holds the key, so that the
+        # statements sent after it in the same pipeline are discarded unexecuted.
+        return "SELECT 1 / pg_try_advisory_xact_lock(%s::bigint)::int"
+
+    @property
+    def lock_sql(self) -> str:
+        return "SELECT pg_advisory_xact_lock(%s::bigint)"
+
+    @property
+    def check_sql(self) -> str:
+        # Fails (division by zero) when the key is journalled, so that the write sent after
+        # it in the same pipeline is discarded unexecuted. Run after the lock is held, in a
+        # snapshot of its own: a holder that committed meanwhile is seen.
         return (
-            f"INSERT INTO {self.qualified} (agent_id, key, fingerprint, state, created_at) "
-            "VALUES (%s, %s, %s, 'running', %s)"
+            "SELECT 1 / (octet_length(key) - octet_length(key)) "
+            f"FROM {self.qualified} WHERE agent_id = %s AND key = %s"
         )
 
     @property
-    def complete_sql(self) -> str:
+    def record_sql(self) -> str:
         return (
-            f"UPDATE {self.qualified} SET state = 'completed', result = %s::jsonb, "
-            "completed_at = %s WHERE agent_id = %s AND key = %s"
+            f"INSERT INTO {self.qualified} (agent_id, key, fingerprint, state, result, "
+            "created_at, completed_at) VALUES (%s, %s, %s, 'completed', %s::jsonb, %s, %s)"
         )
 
     @property
@@ -138,13 +159,42 @@ def fingerprint(normalized: str, params: Sequence[Any], plan_hash: str | None) -
     Parameters are compared by value and type (``1`` and ``"1"`` differ; ``Decimal`` and
     dates by their text); ``plan_hash`` None and ``""`` differ.
     """
-    payload = json.dumps(
-        [normalized, [_encode(p) for p in params], plan_hash],
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
+    payload = _plain_payload(normalized, params, plan_hash)
+    if payload is None:
+        encoded = [p if type(p) in _AS_THEY_ARE else _encode(p) for p in params]
+        payload = _FINGERPRINT_JSON([normalized, encoded, plan_hash])
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+def _plain_payload(normalized: str, params: Sequence[Any], plan_hash: str | None) -> str | None:
+    """The text _FINGERPRINT_JSON gives when every parameter is a str, int, bool or None, put
+    together piece by piece (the encoder's setup costs more than the encoding); None when a
+    parameter is anything else."""
+    parts = []
+    for p in params:
+        kind = type(p)
+        if kind is str:
+            parts.append(_json_string(p))
+        elif kind is int:
+            parts.append(int.__repr__(p))
+        elif kind is bool:
+            parts.append("true" if p else "false")
+        elif p is None:
+            parts.append("null")
+        else:
+            return None
+    hashed = "null" if plan_hash is None else _json_string(plan_hash)
+    return f"[{_json_string(normalized)},[{','.join(parts)}],{hashed}]"
+
+
+# Values _encode returns unchanged (exact types: a subclass of int or str goes through it).
+_AS_THEY_ARE = frozenset({str, int, bool, type(None)})
+# A str as JSON with ensure_ascii=False, as the encoder writes it.
+_json_string: Callable[[str], str] = json.encoder.encode_basestring
+# json.dumps with options builds an encoder per call; one built once encodes the same text.
+_FINGERPRINT_JSON = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False
+).encode
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,11 +7,11 @@ Order of checks for a write with key ``k`` and fingerprint ``f``:
 2. ``k`` running in this process: another ``f`` -> ``idempotency_conflict`` at once; the same
    ``f`` waits up to ``key_wait_s`` (the gateway's clock) for the outcome, then starts over at
    1, or answers ``idempotency_in_progress`` (retryable).
-3. Otherwise the write runs with its journal claim (:func:`~._execute.run_write`). A key
-   another process holds uncommitted is waited for up to ``key_wait_s`` in the database, then
-   ``idempotency_in_progress``; a key already journalled is read back: completed with the same
-   ``f`` -> ``replayed``, another ``f`` -> ``idempotency_conflict``, never completed ->
-   ``outcome_unknown``.
+3. Otherwise the write runs with its journal row (:func:`~._execute.run_write`). A key
+   another process holds (its advisory lock, taken for the write's transaction) is waited for
+   up to ``key_wait_s`` in the database, then ``idempotency_in_progress``; a key already
+   journalled is read back: completed with the same ``f`` -> ``replayed``, another ``f`` ->
+   ``idempotency_conflict``, never completed -> ``outcome_unknown``.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ class KeyedWrites:
         self._journal = journal
         self._clock = clock
         self._key_wait_s = key_wait_s
+        self._key_wait_ms = max(1, math.ceil(key_wait_s * 1000))
         self._max_rows = max_rows
         self._statement_timeout_s = statement_timeout_s
         self._cache_size = replay_cache_size
@@ -110,7 +111,7 @@ class KeyedWrites:
                     key=key,
                     fingerprint=fingerprint,
                     now=self._clock.now(),
-                    key_wait_ms=max(1, math.ceil(self._key_wait_s * 1000)),
+                    key_wait_ms=self._key_wait_ms,
                     max_rows=self._max_rows,
                 )
             except KeyTaken:

@@ -33,7 +33,11 @@ __all__ = ["MAX_KEY_LENGTH", "Planned", "plan_request"]
 
 MAX_KEY_LENGTH = 256
 _SQL_KEYS = ("sql", "params", "idempotency_key", "plan_hash")
+_SQL_KEY_SET = frozenset(_SQL_KEYS)
 _MAX_DEPTH = 64
+# Parameter types passed as they are without a closer look (exact types: subclasses, floats
+# and containers go through _param).
+_PLAIN = frozenset({str, int, bool, type(None)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +68,7 @@ def _invalid(key: str, value: Any, expected: str) -> GatewayError:
 
 def plan_request(request: Any, catalog: Catalog) -> Planned:
     """The plan for ``request`` against ``catalog``; raises ``GatewayError`` (see module)."""
-    if not isinstance(request, Mapping):
+    if type(request) is not dict and not isinstance(request, Mapping):
         raise _invalid("request", request, "a mapping with sql or op")
     has_sql, has_op = "sql" in request, "op" in request
     if has_sql and has_op:
@@ -120,23 +124,59 @@ def _qualified(table: Table) -> str:
     return f"{quote_identifier(table.schema, 'sqlite')}.{name}" if table.schema else name
 
 
+@dataclass(frozen=True, slots=True)
+class _SqlShape:
+    """What a SQL text's analysis under one catalog version gives every request using it."""
+
+    analysis: Analysis
+    exists: tuple[tuple[str, str], ...]
+    explain: bool
+
+
+# Analyses by (text, catalog version): the analyzer's own cache answers the same, this one
+# also keeps what the plan derives from it. Plain dict, oldest dropped first; one event loop.
+_SHAPES: dict[tuple[str, str], _SqlShape] = {}
+_SHAPES_SIZE = 1024
+
+
+def _shape(sql: str, catalog: Catalog) -> _SqlShape:
+    cache_key = (sql, catalog.version)
+    shape = _SHAPES.get(cache_key)
+    if shape is not None:
+        return shape
+    analysis = analyze(sql, catalog)
+    exists = tuple(
+        (key_, _qualified(catalog.tables[key_])) for key_ in dict.fromkeys(analysis.tables)
+    )
+    shape = _SqlShape(analysis, exists, analysis.statement_type == "EXPLAIN")
+    if len(_SHAPES) >= _SHAPES_SIZE:
+        del _SHAPES[next(iter(_SHAPES))]
+    _SHAPES[cache_key] = shape
+    return shape
+
+
 def _plan_sql(request: Mapping[str, Any], catalog: Catalog) -> Planned:
-    for k in request:
-        if k not in _SQL_KEYS:
-            raise _invalid(
-                str(k), request[k], f"absent: a SQL request has only {', '.join(_SQL_KEYS)}"
-            )
+    if not _SQL_KEY_SET.issuperset(request):
+        for k in request:
+            if k not in _SQL_KEY_SET:
+                raise _invalid(
+                    str(k), request[k], f"absent: a SQL request has only {', '.join(_SQL_KEYS)}"
+                )
     sql = request["sql"]
-    if not isinstance(sql, str) or not sql.strip():
+    if not isinstance(sql, str) or not sql or sql.isspace():
         raise _invalid("sql", sql, "a non-empty string")
     raw_params = request.get("params")
     if raw_params is None:
         raw_params = ()
     if not isinstance(raw_params, list | tuple):
         raise _invalid("params", raw_params, "a list of values")
-    params = tuple(_param(v, f"params[{i}]") for i, v in enumerate(raw_params))
+    if all(type(v) in _PLAIN for v in raw_params):
+        params = tuple(raw_params)
+    else:
+        params = tuple(_param(v, f"params[{i}]") for i, v in enumerate(raw_params))
     key, plan_hash = _key(request, "idempotency_key"), _key(request, "plan_hash")
-    analysis = analyze(sql, catalog)
+    shape = _shape(sql, catalog)
+    analysis = shape.analysis
     if analysis.param_count != len(params):
         raise GatewayError(
             "invalid_operation",
@@ -146,17 +186,14 @@ def _plan_sql(request: Mapping[str, Any], catalog: Catalog) -> Planned:
             value=len(params),
             expected=analysis.param_count,
         )
-    exists = tuple(
-        (key_, _qualified(catalog.tables[key_])) for key_ in dict.fromkeys(analysis.tables)
-    )
     plan = Plan(
         kind=analysis.kind,
         sql=sql,
         params=params,
         raw=True,
         filtered=analysis.filtered,
-        exists=exists,
-        explain=analysis.statement_type == "EXPLAIN",
+        exists=shape.exists,
+        explain=shape.explain,
     )
     return Planned(plan, analysis, None, tuple(raw_params), key, plan_hash)
 
