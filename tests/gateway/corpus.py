@@ -5,10 +5,11 @@
 - ``SHOP_ROWS``: the rows, as ``table -> (columns, rows)``; values are ints, strings (PostgreSQL
   casts them: timestamps, ``text[]`` literals, ``jsonb``) and None, so the same data loads into
   both engines. :func:`load_shop_postgres` / :func:`load_shop_sqlite` load schema and rows.
-- ``ESCAPES``: requests that try to write, leave read-only, or reach files or other servers
-  through what is sent as a read. ``expect`` is the ``GatewayError`` code analysis refuses it
-  with, or ``"write"``: analysis classifies it as a write (so it needs an idempotency key, and
-  a read-only execution of it fails as ``read_only_violation``).
+- ``ESCAPES``: requests that try to write, leave read-only, reach files or other servers, or
+  read hidden relations, server settings or other sessions through what is sent as a read.
+  ``expect`` is the ``GatewayError`` code analysis refuses it with, or ``"write"``: analysis
+  classifies it as a write (so it needs an idempotency key, and a read-only execution of it
+  fails as ``read_only_violation``).
 - ``VALID_READS``: analytical reads that must all pass, with their parameters and the catalog
   tables each one reads.
 """
@@ -421,6 +422,125 @@ ESCAPES: tuple[Escape, ...] = (
         "settings through a view",
     ),
     Escape("SELECT rolname, rolpassword FROM pg_authid", "unknown_table", "password hashes"),
+    # hidden relations in clauses once left unresolved: VALUES' own clauses, assigned subscripts
+    Escape(
+        "VALUES (1) LIMIT (SELECT string_agg(agent_id || key, ',')::int "
+        "FROM corral.gateway_journal)",
+        "unknown_table",
+        "other agents' keys in a VALUES LIMIT",
+    ),
+    Escape(
+        "VALUES (1) OFFSET (SELECT count(*)::int FROM pg_authid)",
+        "unknown_table",
+        "system catalog in a VALUES OFFSET",
+    ),
+    Escape(
+        "VALUES (1) ORDER BY (SELECT count(*) FROM pg_authid)",
+        "unknown_table",
+        "system catalog in a VALUES ORDER BY",
+    ),
+    Escape(
+        "SELECT * FROM (VALUES (1) FETCH FIRST (SELECT count(*)::int FROM pg_authid) ROWS ONLY) v",
+        "unknown_table",
+        "system catalog in a nested VALUES FETCH",
+    ),
+    Escape(
+        "UPDATE customers SET tags[(SELECT count(*)::int FROM pg_authid)] = 'x' WHERE id = 1",
+        "unknown_table",
+        "subscript of a column set by UPDATE",
+    ),
+    Escape(
+        "INSERT INTO customers (id, name, email, country, created_at, "
+        "tags[(SELECT count(*)::int FROM pg_authid)]) "
+        "VALUES (99, 'x', 'x@x', 'FR', now(), 'x')",
+        "unknown_table",
+        "subscript in an INSERT column list",
+    ),
+    Escape(
+        "INSERT INTO customers (id, name, email, country, created_at) "
+        "VALUES (1, 'x', 'x@x', 'FR', now()) ON CONFLICT (id) "
+        "DO UPDATE SET tags[(SELECT count(*)::int FROM corral.gateway_journal)] = 'x'",
+        "unknown_table",
+        "subscript in ON CONFLICT DO UPDATE SET",
+    ),
+    # a relation's row type names it
+    Escape(
+        "SELECT (NULL::corral.gateway_journal).*",
+        "unknown_table",
+        "the journal's columns through its row type",
+    ),
+    Escape("SELECT (NULL::pg_authid).*", "unknown_table", "a system catalog's row type"),
+    Escape(
+        "SELECT * FROM json_populate_record(NULL::pg_catalog.pg_authid, '{}')",
+        "unknown_table",
+        "a system catalog's row type as a record template",
+    ),
+    Escape(
+        "SELECT x FROM jsonb_to_record('{}') AS t(x pg_shadow)",
+        "unknown_table",
+        "a system view's row type in a column definition list",
+    ),
+    # lasting changes a READ ONLY transaction does not stop
+    Escape(
+        "SELECT gin_clean_pending_list('orders_pkey'::regclass)",
+        "forbidden_function",
+        "index maintenance",
+    ),
+    Escape(
+        "SELECT brin_summarize_new_values('orders_pkey'::regclass)",
+        "forbidden_function",
+        "index maintenance",
+    ),
+    Escape(
+        "SELECT brin_summarize_range('orders_pkey'::regclass, 0)",
+        "forbidden_function",
+        "index maintenance",
+    ),
+    Escape(
+        "SELECT brin_desummarize_range('orders_pkey'::regclass, 0)",
+        "forbidden_function",
+        "index maintenance",
+    ),
+    Escape("SELECT set_limit(0.1)", "forbidden_function", "pg_trgm session threshold"),
+    Escape("SELECT setseed(0.5)", "forbidden_function", "session random seed"),
+    Escape("SELECT txid_current()", "forbidden_function", "consume a transaction id"),
+    Escape("SELECT pg_current_xact_id()", "forbidden_function", "consume a transaction id"),
+    # the server and other sessions exposed
+    Escape(
+        "SELECT query FROM pg_stat_get_activity(NULL)",
+        "forbidden_function",
+        "other sessions' queries",
+    ),
+    Escape(
+        "SELECT pg_stat_get_backend_activity(b) FROM pg_stat_get_backend_idset() AS b",
+        "forbidden_function",
+        "other sessions' queries, backend by backend",
+    ),
+    Escape("SELECT * FROM pg_hba_file_rules()", "forbidden_function", "authentication rules"),
+    Escape("SELECT * FROM pg_ident_file_mappings()", "forbidden_function", "user mappings"),
+    Escape("SELECT * FROM pg_show_all_file_settings()", "forbidden_function", "config files"),
+    Escape("SELECT * FROM pg_show_all_settings()", "forbidden_function", "every setting"),
+    Escape("SELECT * FROM pg_lock_status()", "forbidden_function", "other sessions' locks"),
+    Escape("SELECT pg_database_size('postgres')", "forbidden_function", "other databases"),
+    Escape("SELECT pg_tablespace_size('pg_default')", "forbidden_function", "tablespaces"),
+    Escape("SELECT * FROM pg_control_system()", "forbidden_function", "control file"),
+    Escape("SELECT current_setting('data_directory')", "forbidden_function", "server paths"),
+    Escape("SELECT current_setting('HBA_FILE', true)", "forbidden_function", "server paths"),
+    Escape(
+        "SELECT current_setting(name) FROM (VALUES ('config_file')) AS s(name)",
+        "forbidden_function",
+        "a setting named by an expression",
+    ),
+    Escape(
+        "SELECT s.current_setting FROM unnest(ARRAY['data_directory']) AS s",
+        "forbidden_function",
+        "a setting read through field-selection syntax",
+    ),
+    Escape(
+        "EXPLAIN (ANALYZE false, ANALYZE true) DELETE FROM orders",
+        "forbidden_statement",
+        "EXPLAIN of a write whose last ANALYZE option is on",
+    ),
 )
 
 

@@ -12,12 +12,14 @@ import pytest
 from corral.gateway._catalog import Catalog, Column, Table
 from corral.gateway._catalog_load import load_postgres_catalog, load_sqlite_catalog
 from corral.gateway._errors import GatewayError
-from corral.gateway._sql import Analysis, SqlAnalyzer, analyze
+from corral.gateway._gateway import Gateway
+from corral.gateway._sql import Analysis, SqlAnalyzer, _parse, analyze
 from corral.gateway._sql_functions import (
     FORBIDDEN_FUNCTION_PREFIXES,
     FORBIDDEN_FUNCTIONS,
     forbidden_function_reason,
 )
+from corral.gateway._sql_names import Resolver, unwrap
 from corral.kernel import InvalidArgumentError
 from tests.gateway.corpus import ESCAPES, VALID_READS, load_shop_postgres, load_shop_sqlite
 
@@ -300,6 +302,16 @@ def test_explain_of_a_read_or_of_an_unexecuted_write_is_a_read() -> None:
         assert error.details["statement"] == "EXPLAIN ANALYZE", option
 
 
+@pytest.mark.parametrize(
+    "options",
+    ["ANALYZE false, ANALYZE true", "ANALYZE off, BUFFERS, ANALYZE", "ANALYZE 0, ANALYZE on"],
+)
+def test_the_last_of_repeated_analyze_options_counts_as_in_postgresql(options: str) -> None:
+    error = refused(f"EXPLAIN ({options}) DELETE FROM orders")
+    assert (error.code, error.details["statement"]) == ("forbidden_statement", "EXPLAIN ANALYZE")
+    assert analyze("EXPLAIN (ANALYZE true, ANALYZE false) DELETE FROM orders", SHOP).kind == "read"
+
+
 def test_row_locks_are_allowed_in_a_write() -> None:
     result = analyze(
         "UPDATE orders SET status = 'x' WHERE id IN (SELECT id FROM orders FOR UPDATE)", SHOP
@@ -350,6 +362,85 @@ def test_the_forbidden_lists_are_what_the_reason_function_applies() -> None:
     assert forbidden_function_reason("readfile", "sqlite") is not None
 
 
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("gin_clean_pending_list", "maintains an index"),
+        ("brin_summarize_new_values", "maintains an index"),
+        ("brin_summarize_range", "maintains an index"),
+        ("brin_desummarize_range", "maintains an index"),
+        ("set_limit", "session state"),
+        ("setseed", "session state"),
+        ("txid_current", "transaction id"),
+        ("pg_current_xact_id", "transaction id"),
+        ("pg_stat_get_activity", "other sessions"),
+        ("pg_stat_get_backend_activity", "other sessions"),
+        ("pg_stat_get_backend_client_addr", "other sessions"),
+        ("pg_hba_file_rules", "configuration"),
+        ("pg_ident_file_mappings", "configuration"),
+        ("pg_show_all_file_settings", "configuration"),
+        ("pg_show_all_settings", "configuration"),
+        ("pg_lock_status", "other sessions"),
+        ("pg_database_size", "database server"),
+        ("pg_tablespace_size", "database server"),
+        ("pg_control_checkpoint", "database server"),
+        ("pg_control_system", "database server"),
+        ("pg_control_init", "database server"),
+        ("pg_control_recovery", "database server"),
+        ("pg_ls_logicalsnapdir", "files"),
+        ("current_setting", "server settings"),
+    ],
+)
+def test_functions_that_last_or_expose_the_server_are_forbidden(name: str, why: str) -> None:
+    reason = forbidden_function_reason(f"pg_catalog.{name}")
+    assert reason is not None
+    assert why in reason
+    error = refused(f"SELECT * FROM {name}(1)")
+    assert (error.code, error.details["function"]) == ("forbidden_function", name)
+    assert why in error.message
+
+
+def test_functions_that_change_nothing_that_lasts_stay_allowed() -> None:
+    for name in ("txid_current_if_assigned", "pg_current_xact_id_if_assigned", "pg_size_pretty"):
+        assert forbidden_function_reason(name) is None, name
+        assert analyze(f"SELECT {name}()", SHOP).kind == "read"
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT current_setting('TimeZone'), current_setting('datestyle')",
+        "SELECT current_setting('DEFAULT_TRANSACTION_READ_ONLY')",
+        "SELECT pg_catalog.current_setting('server_version_num'::text, true)",
+        "SELECT id FROM orders WHERE current_setting('transaction_read_only') = 'on'",
+    ],
+)
+def test_current_setting_of_a_readable_setting_passes(sql: str) -> None:
+    assert analyze(sql, SHOP).kind == "read"
+
+
+@pytest.mark.parametrize(
+    ("sql", "seen"),
+    [
+        ("SELECT current_setting('data_directory')", "'data_directory'"),
+        ("SELECT current_setting('config_file')", "'config_file'"),
+        ("SELECT current_setting('hba_file', true)", "'hba_file'"),
+        ("SELECT current_setting('app.jwt_secret', true)", "'app.jwt_secret'"),
+        ("SELECT current_setting($1)", None),
+        ("SELECT current_setting('data_' || 'directory')", None),
+        ("SELECT current_setting(setting_name => 'TimeZone')", None),
+        ("SELECT ('TimeZone'::text).current_setting", None),
+    ],
+)
+def test_current_setting_of_any_other_setting_is_forbidden(sql: str, seen: str | None) -> None:
+    error = refused(sql)
+    assert (error.code, error.details["function"]) == ("forbidden_function", "current_setting")
+    assert "only these may be read" in error.message
+    assert "timezone" in error.message  # the readable settings are named
+    if seen is not None:
+        assert f"not {seen}" in error.message
+
+
 def test_functions_with_lookalike_names_and_pure_forms_pass() -> None:
     assert analyze("SELECT ts_rewrite('a'::tsquery, 'a'::tsquery, 'b'::tsquery)", SHOP)
     assert analyze("SELECT lower(name), log(2, 8), pg_size_pretty(1024) FROM customers", SHOP)
@@ -390,6 +481,85 @@ def test_unknown_table_in_every_position() -> None:
         assert refused(sql).code == "unknown_table", sql
 
 
+def test_quoted_table_names_keep_their_case() -> None:
+    error = refused('SELECT * FROM "ORDERS"')
+    assert (error.code, error.details["table"]) == ("unknown_table", "ORDERS")
+    assert error.details["suggestions"][0] == "orders"
+    assert refused('SELECT * FROM public."Orders"').code == "unknown_table"
+    assert refused('SELECT * FROM "PUBLIC".orders').code == "unknown_table"
+    assert refused('DELETE FROM "Order_Items" WHERE order_id = 1').code == "unknown_table"
+    for sql in ('SELECT * FROM "orders"', "SELECT * FROM ORDERS", 'SELECT * FROM public."orders"'):
+        assert analyze(sql, SHOP).tables == ("orders",), sql
+    # A table created with a quoted mixed-case name is found by that name only.
+    mixed = Catalog(
+        {"orders": Table("Orders", "public", {"id": Column("id", "integer")})}, "m", "postgresql"
+    )
+    assert analyze('SELECT id FROM "Orders"', mixed).tables == ("orders",)
+    assert refused("SELECT id FROM orders", mixed).code == "unknown_table"
+    assert refused("SELECT id FROM Orders", mixed).code == "unknown_table"
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT * FROM otherdb.public.orders",
+        "SELECT * FROM shop.public.orders",  # the catalog does not know the database's name
+        "SELECT * FROM orders WHERE id IN (SELECT id FROM db.public.orders)",
+        "UPDATE otherdb.public.orders SET status = 'x' WHERE id = 1",
+    ],
+)
+def test_a_name_with_a_database_part_is_never_resolved(sql: str) -> None:
+    error = refused(sql)
+    assert error.code == "unknown_table"
+    assert error.details["table"].endswith("public.orders")
+    assert "database part" in error.message
+
+
+@pytest.mark.parametrize(
+    ("sql", "table"),
+    [
+        ("SELECT (NULL::corral.gateway_journal).*", "corral.gateway_journal"),
+        ("SELECT (NULL::pg_authid).rolpassword", "pg_authid"),
+        ("SELECT NULL::pg_catalog.pg_class", "pg_catalog.pg_class"),
+        ("SELECT NULL::_pg_authid", "_pg_authid"),
+        ("SELECT ARRAY[]::pg_roles[]", "pg_roles"),
+        ("SELECT CAST(NULL AS pg_stat_activity)", "pg_stat_activity"),
+        ("SELECT ROW(1)::information_schema.tables", "information_schema.tables"),
+        ("SELECT NULL::pg_toast.pg_toast_1260", "pg_toast.pg_toast_1260"),
+        ("SELECT NULL::shop.public.orders", "shop.public.orders"),
+        ("SELECT * FROM jsonb_populate_recordset(NULL::pg_settings, '[]')", "pg_settings"),
+        ("SELECT a FROM jsonb_to_record('{}') AS t(a pg_shadow)", "pg_shadow"),
+        ("SELECT xmlserialize(content NULL AS pg_user)", "pg_user"),
+        (
+            "SELECT id FROM orders WHERE meta::text = (NULL::pg_authid)::text",
+            "pg_authid",
+        ),
+        ("UPDATE orders SET meta = to_jsonb(NULL::pg_authid) WHERE id = 1", "pg_authid"),
+    ],
+)
+def test_row_types_of_relations_outside_the_catalog_are_unknown_tables(
+    sql: str, table: str
+) -> None:
+    error = refused(sql)
+    assert (error.code, error.details["table"]) == ("unknown_table", table)
+    assert "row type" in error.message
+    assert table.rsplit(".", 1)[-1] in sql[error.details["position"] - 1 :]
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT (NULL::orders).*, NULL::public.customers, NULL::customer_revenue",
+        "SELECT NULL::pg_lsn, NULL::pg_catalog.pg_snapshot, NULL::pg_catalog.int4",
+        "SELECT NULL::int[], 'x'::varchar(3), 1::numeric(10, 2), '{}'::_text",
+        "SELECT NULL::public.mood, 'a'::citext",  # a type in a schema the catalog shows
+        "SELECT jsonb_populate_record(NULL::orders, '{}')",
+    ],
+)
+def test_row_types_of_catalog_tables_and_other_types_pass(sql: str) -> None:
+    assert analyze(sql, SHOP).kind == "read"
+
+
 def test_qualified_names_ctes_and_shadowing_resolve() -> None:
     assert analyze("SELECT * FROM public.orders", SHOP).tables == ("orders",)
     cte = analyze("WITH orders AS (SELECT 1 AS n) SELECT n FROM orders", SHOP)
@@ -408,6 +578,242 @@ def test_unknown_qualified_column_names_the_table_and_suggests() -> None:
         "position": 8,
     }
     assert "did you mean total" in error.message
+
+
+_INSERT = "INSERT INTO customers (id, name, email, country, created_at) "
+_CONFLICT = "VALUES (1, 'x', 'x@x', 'FR', now()) ON CONFLICT (id) "
+
+# Every place a subquery can go, {q} standing for it (an int).
+POSITIONS: tuple[str, ...] = (
+    # SELECT, clause by clause
+    "SELECT {q}",
+    "SELECT {q} AS n FROM orders",
+    "SELECT id FROM orders WHERE id = {q}",
+    "SELECT id FROM orders WHERE id BETWEEN {q} AND 10",
+    "SELECT id FROM orders WHERE id IN (1, {q})",
+    "SELECT id FROM orders WHERE (id, customer_id) = ({q}, 1)",
+    "SELECT status FROM orders GROUP BY status HAVING count(*) > {q}",
+    "SELECT count(*) FROM orders GROUP BY {q}",
+    "SELECT count(*) FROM orders GROUP BY GROUPING SETS ((status), ({q}))",
+    "SELECT count(*) FROM orders GROUP BY ROLLUP (status, {q})",
+    "SELECT count(*) FROM orders GROUP BY CUBE (status, {q})",
+    "SELECT id FROM orders ORDER BY {q}",
+    "SELECT id FROM orders ORDER BY id LIMIT {q}",
+    "SELECT id FROM orders ORDER BY id OFFSET {q}",
+    "SELECT id FROM orders ORDER BY id FETCH FIRST {q} ROWS ONLY",
+    "SELECT id FROM orders ORDER BY id FETCH FIRST {q} ROWS WITH TIES",
+    "SELECT DISTINCT ON ({q}) id FROM orders",
+    # windows and aggregates
+    "SELECT sum(total) OVER (PARTITION BY {q}) FROM orders",
+    "SELECT sum(total) OVER (ORDER BY {q}) FROM orders",
+    "SELECT sum(total) OVER w FROM orders WINDOW w AS (PARTITION BY {q})",
+    "SELECT sum(total) OVER w FROM orders WINDOW w AS (ORDER BY id ROWS {q} PRECEDING)",
+    "SELECT sum(total) OVER (ORDER BY id ROWS BETWEEN {q} PRECEDING AND {q} FOLLOWING) FROM orders",
+    "SELECT count(*) FILTER (WHERE id > {q}) FROM orders",
+    "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY {q}) FROM orders",
+    "SELECT string_agg(status, ',' ORDER BY {q}) FROM orders",
+    "SELECT count(DISTINCT {q}) FROM orders",
+    # expressions
+    "SELECT abs({q})",
+    "SELECT round(1.5, {q})",
+    "SELECT jsonb_build_object('n', {q})",
+    "SELECT CASE WHEN {q} > 0 THEN 1 END",
+    "SELECT CASE {q} WHEN 1 THEN 1 ELSE 2 END",
+    "SELECT CASE WHEN true THEN {q} ELSE 0 END",
+    "SELECT ARRAY(SELECT {q})",
+    "SELECT ARRAY[{q}]",
+    "SELECT (ARRAY[1, 2])[{q}]",
+    "SELECT (ARRAY[1, 2])[1:{q}]",
+    "SELECT tags[{q}] FROM customers",
+    "SELECT coalesce(NULL, {q})",
+    "SELECT greatest(1, {q})",
+    "SELECT nullif({q}, 0)",
+    "SELECT ROW({q}, 1)",
+    "SELECT ({q})::text",
+    "SELECT CAST({q} AS bigint)",
+    "SELECT 1 WHERE EXISTS (SELECT {q})",
+    "SELECT 1 WHERE 1 IN (SELECT {q})",
+    "SELECT 1 WHERE 1 = ANY (ARRAY[{q}])",
+    "SELECT 1 WHERE 1 < ALL (SELECT {q})",
+    "SELECT (SELECT (SELECT {q}))",
+    "SELECT xmlelement(name n, {q})",
+    "SELECT {q} IS NULL, {q} IS DISTINCT FROM 1",
+    "SELECT 'x' COLLATE \"C\" = ({q})::text",
+    # FROM
+    "SELECT * FROM (SELECT {q} AS n) s",
+    "SELECT * FROM orders o, LATERAL (SELECT {q} AS n) s",
+    "SELECT * FROM orders o CROSS JOIN LATERAL (SELECT o.id + {q} AS n) s",
+    "SELECT * FROM generate_series(1, {q}) g",
+    "SELECT * FROM ROWS FROM (generate_series(1, {q})) g",
+    "SELECT * FROM unnest(ARRAY[{q}]) WITH ORDINALITY AS u(n, i)",
+    "SELECT * FROM orders TABLESAMPLE BERNOULLI ({q})",
+    "SELECT * FROM orders TABLESAMPLE BERNOULLI (50) REPEATABLE ({q})",
+    "SELECT * FROM orders o JOIN customers c ON c.id = {q}",
+    "SELECT * FROM orders o LEFT JOIN customers c ON c.id = o.customer_id AND c.id > {q}",
+    "SELECT * FROM orders o JOIN customers c USING (id) WHERE id > {q}",
+    "SELECT * FROM (orders o JOIN customers c ON c.id = {q}) AS j",
+    "SELECT * FROM XMLTABLE('/r' PASSING xmlelement(name r, {q}) COLUMNS n int PATH '.')",
+    # CTEs and set operations
+    "WITH c AS (SELECT {q} AS n) SELECT n FROM c",
+    "WITH c AS MATERIALIZED (SELECT {q} AS n) SELECT n FROM c",
+    "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < {q}) SELECT n FROM r",
+    "SELECT id FROM orders UNION SELECT {q}",
+    "SELECT id FROM orders INTERSECT SELECT {q}",
+    "SELECT id FROM orders UNION SELECT id FROM orders LIMIT {q}",
+    "SELECT id FROM orders EXCEPT SELECT id FROM orders OFFSET {q}",
+    "(SELECT id FROM orders UNION SELECT id FROM orders) FETCH FIRST {q} ROWS ONLY",
+    # VALUES
+    "VALUES ({q})",
+    "VALUES (1), ({q})",
+    "VALUES (1) ORDER BY {q}",
+    "VALUES (1) LIMIT {q}",
+    "VALUES (1) OFFSET {q}",
+    "VALUES (1) FETCH FIRST {q} ROWS ONLY",
+    "SELECT * FROM (VALUES (1) LIMIT {q}) v",
+    "WITH v AS (VALUES (1) OFFSET {q}) SELECT * FROM v",
+    "EXPLAIN SELECT {q}",
+    "EXPLAIN VALUES (1) LIMIT {q}",
+    # INSERT
+    _INSERT + "VALUES ({q} + 100, 'x', 'x@x', 'FR', now())",
+    _INSERT + "SELECT {q} + 100, 'x', 'x@x', 'FR', now()",
+    _INSERT + "SELECT 100, 'x', 'x@x', 'FR', now() LIMIT {q}",
+    "INSERT INTO customers (id, name, email, country, created_at, tags[{q}]) "
+    "VALUES (100, 'x', 'x@x', 'FR', now(), 'x')",
+    "INSERT INTO customers (id, name, email, country, created_at, tags[{q}:{q}]) "
+    "VALUES (100, 'x', 'x@x', 'FR', now(), '{x}')",
+    _INSERT + _CONFLICT + "DO UPDATE SET name = ({q})::text",
+    _INSERT + _CONFLICT + "DO UPDATE SET tags[{q}] = 'x'",
+    _INSERT + _CONFLICT + "DO UPDATE SET (name, email) = (SELECT 'y', ({q})::text)",
+    _INSERT + _CONFLICT + "DO UPDATE SET name = 'y' WHERE customers.id > {q}",
+    _INSERT + "VALUES (100, 'x', 'x@x', 'FR', now()) RETURNING {q}",
+    "WITH c AS (SELECT {q} AS n) " + _INSERT + "SELECT n + 100, 'x', 'x@x', 'FR', now() FROM c",
+    # UPDATE
+    "UPDATE customers SET name = ({q})::text WHERE id = 1",
+    "UPDATE customers SET tags[{q}] = 'x' WHERE id = 1",
+    "UPDATE customers SET tags[{q}:{q}] = '{x}' WHERE id = 1",
+    "UPDATE customers SET (name, email) = (SELECT 'x', ({q})::text) WHERE id = 1",
+    "UPDATE customers SET (name, country) = ('x', ({q})::text) WHERE id = 1",
+    "UPDATE customers SET name = 'x' WHERE id = {q}",
+    "UPDATE customers c SET name = 'x' FROM orders o WHERE o.customer_id = c.id AND o.id = {q}",
+    "UPDATE customers c SET name = 'x' FROM (SELECT {q} AS n) s WHERE c.id = s.n",
+    "UPDATE customers SET name = 'x' WHERE id = 1 RETURNING {q}",
+    "WITH c AS (SELECT {q} AS n) UPDATE customers SET name = 'x' WHERE id IN (SELECT n FROM c)",
+    # DELETE
+    "DELETE FROM order_items WHERE order_id = {q}",
+    "DELETE FROM order_items USING (SELECT {q} AS n) s WHERE order_id = s.n",
+    "DELETE FROM order_items i USING orders o WHERE o.id = i.order_id AND o.id = {q}",
+    "DELETE FROM order_items WHERE order_id = -1 RETURNING {q}",
+    "WITH d AS (DELETE FROM order_items WHERE order_id = {q} RETURNING 1) SELECT count(*) FROM d",
+    "EXPLAIN DELETE FROM order_items WHERE order_id = {q}",
+)
+
+# Subqueries reading what agents must not: system catalogs, the gateway's journal, other
+# schemas and databases, a quoted name that is not the table, a system catalog's row type.
+HIDDEN = (
+    "(SELECT count(*)::int FROM pg_authid)",
+    "(SELECT count(*)::int FROM corral.gateway_journal)",
+    "(SELECT count(*)::int FROM pg_catalog.pg_class)",
+    "(SELECT count(*)::int FROM information_schema.tables)",
+    "(SELECT count(*)::int FROM otherdb.public.orders)",
+    '(SELECT count(*)::int FROM "ORDERS")',
+    "(SELECT count(*)::int FROM (SELECT (NULL::pg_authid).*) AS s)",
+)
+VISIBLE = "(SELECT count(*)::int FROM orders)"
+
+
+def _at(template: str, subquery: str) -> str:
+    return template.replace("{q}", subquery)
+
+
+def test_positions_cover_every_kind_of_statement_and_many_clauses() -> None:
+    assert len(POSITIONS) >= 100
+    assert len(set(POSITIONS)) == len(POSITIONS)
+    starts = {p.split()[0] for p in POSITIONS}
+    assert {"SELECT", "VALUES", "WITH", "INSERT", "UPDATE", "DELETE", "EXPLAIN"} <= starts
+
+
+@pytest.mark.parametrize("template", POSITIONS, ids=range(len(POSITIONS)))
+def test_a_hidden_relation_is_refused_in_every_position(template: str) -> None:
+    for subquery in HIDDEN:
+        analyzer = SqlAnalyzer()  # no cache: each is analysed
+        with pytest.raises(GatewayError) as info:
+            analyzer.analyze(_at(template, subquery), SHOP)
+        assert info.value.code == "unknown_table", (subquery, info.value.message)
+    # The same statement reading a catalog table passes: the position itself is resolved.
+    result = SqlAnalyzer().analyze(_at(template, VISIBLE), SHOP)
+    assert "orders" in result.tables
+
+
+class _Recording(Resolver):
+    """A resolver that notes every subquery, relation and type name it resolved."""
+
+    def __init__(self, sql: str, catalog: Catalog) -> None:
+        super().__init__(sql, catalog)
+        self.seen: set[int] = set()
+
+    def select(self, stmt: Any, scope: Any) -> Any:
+        self.seen.add(id(stmt))
+        return super().select(stmt, scope)
+
+    def range_var(self, body: Any, scope: Any) -> Any:
+        self.seen.add(id(body))
+        return super().range_var(body, scope)
+
+    def type_name(self, node: Any) -> None:
+        self.seen.add(id(node))
+        super().type_name(node)
+
+
+def _produced(node: Any, locking: bool = False) -> Iterator[Any]:
+    """Every SELECT (set-operation arms too), FROM relation and type name in a parse tree."""
+    if type(node) is list:
+        for item in node:
+            yield from _produced(item, locking)
+    elif type(node) is dict:
+        for key, value in node.items():
+            arm = key in ("larg", "rarg") and unwrap(value)[0] == ""  # not a join's side
+            relation = key == "RangeVar" and not locking  # FOR UPDATE OF names an alias
+            if key in ("SelectStmt", "typeName", "TypeName") or arm or relation:
+                yield value
+            yield from _produced(value, locking or key == "lockingClause")
+
+
+def test_resolution_reaches_every_subquery_relation_and_type_the_parser_produced() -> None:
+    """Not a list of clauses: whatever the parser puts anywhere, the resolution visits."""
+    statements = [_at(t, VISIBLE) for t in POSITIONS] + [r.sql for r in VALID_READS]
+    statements += [
+        _at(t, "(SELECT count(*)::int FROM (SELECT (NULL::orders).id) s)") for t in POSITIONS
+    ]
+    statements += [e.sql for e in ESCAPES if e.expect == "write"]
+    statements.append(
+        "UPDATE orders SET status = 'x' WHERE id IN (SELECT o.id FROM orders o FOR UPDATE OF o)"
+    )
+    for sql in statements:
+        kind, stmt = unwrap(_parse(sql)[0]["stmt"])
+        if kind == "ExplainStmt":
+            kind, stmt = unwrap(stmt["query"])
+        resolver = _Recording(sql, SHOP)
+        resolver.statement(kind, stmt)
+        missed = [node for node in _produced({kind: stmt}) if id(node) not in resolver.seen]
+        assert missed == [], sql
+
+
+@pytest.mark.postgres
+def test_every_position_is_sql_postgres_runs_even_with_the_hidden_relation(
+    shop_dsn: str,
+) -> None:
+    """Each position is real: PostgreSQL runs it, reading pg_authid, so each refusal counts."""
+    failures = []
+    with psycopg.connect(shop_dsn) as conn:
+        for template in POSITIONS:
+            for subquery in (VISIBLE, HIDDEN[0]):
+                sql = _at(template, subquery)
+                try:
+                    with conn.transaction(force_rollback=True):
+                        conn.execute(sql)
+                except psycopg.Error as exc:
+                    failures.append((sql, str(exc)))
+    assert failures == []
 
 
 def test_unknown_unqualified_column_over_one_or_several_tables() -> None:
@@ -534,6 +940,44 @@ def test_writes_report_their_target_and_statement_type() -> None:
             "WITH RECURSIVE r AS (SELECT 1 AS n UNION ALL SELECT n + 1 FROM r) SELECT n FROM r",
             False,
         ),
+        # LIMIT, OFFSET, FETCH
+        ("SELECT * FROM orders OFFSET 100", True),
+        ("SELECT * FROM orders LIMIT 0", True),
+        ("SELECT * FROM orders FETCH FIRST 0 ROWS ONLY", True),
+        ("SELECT * FROM orders LIMIT $1", True),
+        ("SELECT * FROM orders LIMIT 2 + 1", True),
+        ("SELECT * FROM orders OFFSET $1", True),
+        ("SELECT * FROM (SELECT * FROM orders LIMIT 0) s", True),
+        ("WITH c AS (SELECT * FROM orders OFFSET 20) SELECT * FROM c", True),
+        ("SELECT id FROM orders UNION ALL SELECT id FROM customers LIMIT 0", True),
+        ("VALUES (1) LIMIT 0", True),
+        ("SELECT * FROM orders LIMIT 5", False),
+        ("SELECT * FROM orders LIMIT ALL OFFSET 0", False),
+        ("SELECT * FROM orders OFFSET NULL", False),
+        ("SELECT * FROM orders ORDER BY id FETCH FIRST ROW ONLY", False),
+        # functions: in FROM, and set-returning calls in the select list
+        ("SELECT o.id, e FROM orders o, jsonb_array_elements(o.meta->'items') e", True),
+        ("SELECT * FROM orders CROSS JOIN LATERAL jsonb_each(orders.meta) e", True),
+        ("SELECT * FROM generate_series(1, 3) g", True),
+        ("SELECT unnest('{}'::text[]) FROM customers", True),
+        ("SELECT id, jsonb_array_elements(meta->'items') FROM orders", True),
+        ("SELECT (jsonb_each(meta)).key FROM orders", True),
+        ("SELECT id, unnest(tags) + 'x' FROM customers ORDER BY 1", True),
+        ("SELECT my_own_function(id) FROM orders", True),  # could be set-returning
+        ("SELECT public.lower(status) FROM orders", True),
+        ('SELECT "LOWER"(status) FROM orders', True),
+        ("SELECT c.name, e FROM customers c LEFT JOIN LATERAL unnest(c.tags) e ON true", False),
+        ("SELECT lower(status), round(total, 1), date_trunc('day', created_at) FROM orders", False),
+        (
+            "SELECT count(*), sum(total), my_agg(DISTINCT total), count(*) FILTER (WHERE true), "
+            "percentile_cont(0.5) WITHIN GROUP (ORDER BY total), row_number() OVER () "
+            "FROM orders",
+            False,
+        ),
+        ("SELECT (SELECT unnest(tags) LIMIT 1) FROM customers", False),  # a scalar subquery
+        ("SELECT id FROM orders WHERE id = 1", True),
+        ("UPDATE orders o SET status = 'x' FROM customers c", True),
+        ("UPDATE orders SET status = 'x'", False),
     ],
 )
 def test_filtered_says_whether_a_filter_could_empty_the_result(sql: str, filtered: bool) -> None:
@@ -572,6 +1016,29 @@ def test_analysis_is_frozen() -> None:
         result.kind = "write"  # type: ignore[misc]
 
 
+@pytest.mark.postgres
+async def test_rows_cut_by_limits_or_set_returning_functions_are_suspiciously_empty(
+    shop_dsn: str,
+) -> None:
+    cases: list[tuple[str, list[Any]]] = [
+        ("SELECT * FROM orders OFFSET 100", []),
+        ("SELECT * FROM orders LIMIT 0", []),
+        ("SELECT * FROM orders FETCH FIRST 0 ROWS ONLY", []),
+        ("SELECT * FROM orders LIMIT $1", [0]),
+        ("SELECT o.id, e FROM orders o, jsonb_array_elements(o.meta->'items') e", []),
+        ("SELECT unnest('{}'::text[]) FROM customers", []),
+        ("SELECT * FROM (SELECT * FROM orders LIMIT 0) s", []),
+    ]
+    # Analysis and the empty-answer check alone are under test: no freezes.
+    async with Gateway.connect(shop_dsn, breaker=None) as gw:
+        for sql, params in cases:
+            result = await gw.query("agent-1", {"sql": sql, "params": params})
+            assert (result.row_count, result.emptiness) == (0, "suspiciously_empty"), sql
+            assert len(result.warnings) == 1, sql
+        empty = await gw.query("agent-1", {"sql": "SELECT * FROM orders WHERE false LIMIT 0"})
+        assert empty.emptiness == "suspiciously_empty"
+
+
 # --- SQLite catalogs ---------------------------------------------------------------------------
 
 
@@ -589,6 +1056,8 @@ def test_sqlite_catalog_resolves_names_and_refuses_its_file_functions(
     sqlite_shop: Catalog,
 ) -> None:
     assert analyze("SELECT rowid, name FROM main.customers", sqlite_shop).tables == ("customers",)
+    # SQLite's names are case-insensitive, quoted or not.
+    assert analyze('SELECT name FROM "CUSTOMERS"', sqlite_shop).tables == ("customers",)
     assert refused("SELECT nme FROM customers", sqlite_shop).details["suggestions"] == ["name"]
     assert refused("SELECT readfile('/etc/passwd')", sqlite_shop).code == "forbidden_function"
     assert refused("SELECT load_extension('x')", sqlite_shop).code == "forbidden_function"

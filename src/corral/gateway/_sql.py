@@ -17,17 +17,22 @@ order (the first failure wins):
     control, ``COPY``, ``SET``/``RESET``/``SHOW``, ``DO``, ``CALL``, ``LISTEN``/``NOTIFY``,
     ``LOCK``, maintenance, ``GRANT``, ``PREPARE``/``EXECUTE``, cursors, ``MERGE``, ... Also
     ``SELECT ... INTO`` (it creates a table), row locks (``FOR UPDATE``/``FOR SHARE``) in a
-    read, and ``EXPLAIN ANALYZE`` of a write (it executes it). ``EXPLAIN`` of a read or
-    write is otherwise a read: without ``ANALYZE`` nothing runs. ``details``: ``statement``.
+    read, and ``EXPLAIN ANALYZE`` of a write (it executes it; of repeated ``ANALYZE`` options
+    the last counts, as in PostgreSQL). ``EXPLAIN`` of a read or write is otherwise a read:
+    without ``ANALYZE`` nothing runs. ``details``: ``statement``.
 ``forbidden_function``
     A call of a function listed in :mod:`corral.gateway._sql_functions`, anywhere in the
     statement (select list, ``WHERE``, ``FROM``, CTEs, subqueries, casts, ``ORDER BY``, ...),
     schema-qualified or not, in any letter case. Field-selection syntax, which PostgreSQL
-    turns into a call (``('/etc/passwd'::text).pg_read_file``), counts. ``details``:
-    ``function``, ``position``.
+    turns into a call (``('/etc/passwd'::text).pg_read_file``), counts. ``current_setting``
+    only of a readable setting named by a literal. ``details``: ``function``, ``position``.
 ``unknown_table``
-    A relation neither in the catalog nor a CTE in scope; system catalogs are not in the
-    catalog. ``details``: ``table``, ``suggestions`` (close matches), ``position``.
+    A relation neither in the catalog nor a CTE in scope, named anywhere (any clause, any
+    depth); system catalogs and the gateway's own schema are not in the catalog. Quoted names
+    keep their case (``"ORDERS"`` is not ``orders``); a name with a database part
+    (``db.public.orders``) is never resolved; a type that may be the row type of a relation
+    outside the catalog (``NULL::pg_authid``) counts as naming it. ``details``: ``table``,
+    ``suggestions`` (close matches), ``position``.
 ``unknown_column``
     See :mod:`corral.gateway._sql_names`. ``details``: ``column``, ``table`` (None when
     unqualified over several tables), ``suggestions``, ``position``.
@@ -105,10 +110,12 @@ class Analysis:
 
     ``tables`` are the catalog keys (see ``Catalog.tables``) of every table the statement
     reads or writes, in order of appearance; ``written`` those it inserts into, updates or
-    deletes from (none for ``EXPLAIN``). ``filtered``: a ``WHERE``, ``HAVING`` or inner-join
-    condition lies on the path that produces the rows (the statement, its ``FROM`` subqueries
-    and CTEs, set-operation arms; not scalar subqueries), so an empty result may be a filter
-    that matched nothing. ``param_count`` is the highest ``$n`` placeholder (0 when none).
+    deletes from (none for ``EXPLAIN``). ``filtered``: something on the path that produces
+    the rows (the statement, its ``FROM`` subqueries and CTEs, set-operation arms; not scalar
+    subqueries) may remove rows (a ``WHERE``, ``HAVING`` or inner-join condition, ``LIMIT`` 0
+    or a parameter, ``OFFSET``, a function in ``FROM``, a set-returning call; see
+    :func:`~corral.gateway._sql_names.filtered`), so an empty result may be a filter that
+    matched nothing. ``param_count`` is the highest ``$n`` placeholder (0 when none).
     """
 
     kind: Literal["read", "write"]
@@ -346,19 +353,22 @@ def _statement_type(kind: str, stmt: Node) -> str:
 
 
 def _explain_analyzes(stmt: Node) -> bool:
+    # PostgreSQL applies the last of repeated options: (ANALYZE false, ANALYZE true) analyzes.
+    analyzes = False
     for option in stmt.get("options", ()):
         elem = option.get("DefElem", {})
         if elem.get("defname", "").lower() != "analyze":
             continue
         kind, value = unwrap(elem.get("arg"))
         if kind == "String":
-            return str(value.get("sval", "")).lower() not in ("false", "off", "0", "no")
-        if kind == "Boolean":
-            return bool(value.get("boolval", False))
-        if kind == "Integer":
-            return bool(value.get("ival", 0))
-        return True
-    return False
+            analyzes = str(value.get("sval", "")).lower() not in ("false", "off", "0", "no")
+        elif kind == "Boolean":
+            analyzes = bool(value.get("boolval", False))
+        elif kind == "Integer":
+            analyzes = bool(value.get("ival", 0))
+        else:
+            analyzes = True
+    return analyzes
 
 
 class _Scan:
@@ -388,7 +398,9 @@ class _Scan:
 
     def function_call(self, node: Node) -> None:
         names = [n["String"].get("sval", "") for n in node.get("funcname", ()) if "String" in n]
-        self.check_function(names, len(node.get("args", ())), node.get("location", 0))
+        args = node.get("args", ())
+        literal = _string_literal(args[0]) if args else None
+        self.check_function(names, len(args), node.get("location", 0), literal)
 
     def indirection(self, node: Node) -> None:
         _, arg = unwrap(node.get("arg"))
@@ -396,10 +408,12 @@ class _Scan:
             if "String" in item:
                 self.check_function([item["String"].get("sval", "")], 1, arg.get("location", 0))
 
-    def check_function(self, names: list[str], arity: int, location: int) -> None:
+    def check_function(
+        self, names: list[str], arity: int, location: int, literal: str | None = None
+    ) -> None:
         if not names:
             return
-        reason = forbidden_function_reason(names[-1], self.dialect, arity)
+        reason = forbidden_function_reason(names[-1], self.dialect, arity, literal)
         if reason is not None:
             shown = ".".join(names)
             raise GatewayError(
@@ -434,6 +448,16 @@ class _Scan:
 
     def lock(self, node: Node) -> None:
         self.locking = True
+
+
+def _string_literal(node: Any) -> str | None:
+    """The text of a string constant, also under a cast (``'TimeZone'::text``); else None."""
+    kind, body = unwrap(node)
+    if kind == "TypeCast":
+        kind, body = unwrap(body.get("arg"))
+    if kind == "A_Const" and "sval" in body:
+        return str(body["sval"].get("sval", ""))
+    return None
 
 
 _SCAN_HANDLERS: dict[str, Callable[[_Scan, Any], None]] = {

@@ -10,13 +10,21 @@ whose output names can be worked out). Relations produced by functions (``genera
 ``jsonb_to_record``, ``JSON_TABLE``, ...) may have any column, and names that could be an
 output alias (``ORDER BY``, ``GROUP BY``, ``DISTINCT ON``), a whole-row reference or a system
 column pass.
+
+Relations are refused more strictly than PostgreSQL would: a table outside the catalog
+(system catalogs, the gateway's own schema, another database) is ``unknown_table`` wherever it
+is named, in ``FROM`` or as a row type (``NULL::pg_authid``). So that no clause is missed, the
+walk is generic: each statement and ``FROM`` item handles the fields that open a scope or name
+a target, and every other field, whatever it is, is walked as expressions, where subqueries,
+relations, column references and type names are resolved.
 """
 
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from corral.gateway._catalog import Catalog, Table
 from corral.gateway._errors import GatewayError
@@ -32,6 +40,54 @@ _SYSTEM_COLUMNS = {
     "sqlite": frozenset({"rowid", "oid", "_rowid_"}),
 }
 _EMPTY: frozenset[str] = frozenset()
+
+# pg_catalog's base types whose names start like its relations' (every system catalog and
+# view is pg_*): the row type of any other pg_* name is a system relation's.
+_PG_BASE_TYPES = frozenset(
+    {
+        "pg_lsn",
+        "pg_snapshot",
+        "pg_node_tree",
+        "pg_ndistinct",
+        "pg_dependencies",
+        "pg_mcv_list",
+        "pg_ddl_command",
+        "pg_brin_bloom_summary",
+        "pg_brin_minmax_multi_summary",
+    }
+)
+
+# Fields the statement handlers below resolve themselves; every other field is walked as
+# expressions (Resolver.rest). lockingClause names FROM items (FOR UPDATE OF o), not tables;
+# intoClause (SELECT INTO) is refused before resolution.
+_SELECT_OWN = frozenset(
+    {
+        "withClause",
+        "op",
+        "larg",
+        "rarg",
+        "valuesLists",
+        "fromClause",
+        "targetList",
+        "groupClause",
+        "sortClause",
+        "distinctClause",
+        "lockingClause",
+        "intoClause",
+    }
+)
+_INSERT_OWN = frozenset(
+    {"withClause", "relation", "cols", "selectStmt", "onConflictClause", "returningClause"}
+)
+_CONFLICT_OWN = frozenset({"infer", "targetList"})
+_UPDATE_OWN = frozenset({"withClause", "relation", "fromClause", "targetList", "returningClause"})
+_DELETE_OWN = frozenset({"withClause", "relation", "usingClause", "returningClause"})
+_CTE_OWN = frozenset({"ctename", "aliascolnames", "ctequery"})
+_RETURNING_OWN = frozenset({"exprs"})
+_SUBSELECT_OWN = frozenset({"subquery", "alias"})
+_JOIN_OWN = frozenset({"larg", "rarg", "usingClause", "alias", "join_using_alias"})
+_SAMPLE_OWN = frozenset({"relation"})
+_STATEMENT_KINDS = frozenset({"SelectStmt", "InsertStmt", "UpdateStmt", "DeleteStmt"})
 
 
 def unwrap(node: Any) -> tuple[str, Node]:
@@ -91,8 +147,10 @@ class Resolver:
         self.sql = sql
         self.catalog = catalog
         self.system = _SYSTEM_COLUMNS.get(catalog.dialect, _EMPTY)
+        self.exact = catalog.dialect == "postgresql"
         self.tables: dict[str, None] = {}
         self.written: dict[str, None] = {}
+        self._schemas: frozenset[str] | None = None
 
     def statement(self, kind: str, body: Node) -> None:
         self.any_statement(kind, body, _Scope((), {}))
@@ -123,6 +181,7 @@ class Resolver:
             if clause.get("recursive"):
                 ctes[name] = tuple(renames) if renames else None  # the self-reference
             columns = _rename(self.any_statement(*unwrap(cte.get("ctequery")), inner), renames)
+            self.rest(cte, _CTE_OWN, inner)
             # SEARCH ... SET col and CYCLE ... SET col USING path add columns to the CTE.
             added = [
                 clause_node[key]
@@ -143,15 +202,19 @@ class Resolver:
             left = self.select(stmt.get("larg", {}), scope)
             self.select(stmt.get("rarg", {}), scope)
             outer = scope.push([_Rel(None, left)])
-            limits = [stmt[k] for k in ("limitOffset", "limitCount") if k in stmt]
-            self.exprs([*stmt.get("sortClause", ()), *limits], outer)
+            self.exprs(stmt.get("sortClause", ()), outer)
+            self.rest(stmt, _SELECT_OWN, outer)  # LIMIT, OFFSET, FETCH
             return left
         if "valuesLists" in stmt:
             rows = stmt["valuesLists"]
             self.exprs(rows, scope)
             kind, first = unwrap(rows[0])
             width = len(first.get("items", ())) if kind == "List" else 0
-            return tuple(f"column{i + 1}" for i in range(width))
+            columns = tuple(f"column{i + 1}" for i in range(width))
+            outer = scope.push([_Rel(None, columns)])
+            self.exprs(stmt.get("sortClause", ()), outer)
+            self.rest(stmt, _SELECT_OWN, outer)  # LIMIT, OFFSET, FETCH
+            return columns
         level: list[_Rel] = []
         inner = scope.push(level)
         for item in stmt.get("fromClause", ()):
@@ -162,11 +225,10 @@ class Resolver:
         aliases = frozenset(
             t["ResTarget"]["name"] for t in targets if "name" in t.get("ResTarget", {})
         ) | frozenset(outputs or ())
-        plain = ("whereClause", "havingClause", "limitOffset", "limitCount")
-        self.exprs([stmt[k] for k in plain if k in stmt], inner)
-        self.exprs(stmt.get("windowClause", ()), inner)
         ordering = ("groupClause", "sortClause", "distinctClause")
         self.exprs([n for k in ordering for n in stmt.get(k, ())], inner, aliases)
+        # WHERE, HAVING, WINDOW, LIMIT, OFFSET, FETCH and whatever else the node holds.
+        self.rest(stmt, _SELECT_OWN, inner)
         return outputs
 
     def insert(self, stmt: Node, scope: _Scope) -> Columns:
@@ -174,7 +236,7 @@ class Resolver:
             scope = self.with_clause(stmt["withClause"], scope)
         target = self.target(stmt.get("relation", {}))
         for node in stmt.get("cols", ()):
-            self.target_column(target, node.get("ResTarget", {}))
+            self.assignment(target, node.get("ResTarget", {}), scope)  # cols[subscript]
         if "selectStmt" in stmt:
             self.any_statement(*unwrap(stmt["selectStmt"]), scope)
         clause = stmt.get("onConflictClause")
@@ -185,10 +247,9 @@ class Resolver:
                 self.target_column(target, node.get("IndexElem", {}))
             self.exprs([infer], conflict)
             for node in clause.get("targetList", ()):
-                res = node.get("ResTarget", {})
-                self.target_column(target, res)
-                self.exprs([res.get("val", {})], conflict)
-            self.exprs([clause.get("whereClause", {})], conflict)
+                self.assignment(target, node.get("ResTarget", {}), conflict)
+            self.rest(clause, _CONFLICT_OWN, conflict)  # DO UPDATE ... WHERE
+        self.rest(stmt, _INSERT_OWN, scope)
         return self.returning(stmt.get("returningClause"), scope, [target])
 
     def update(self, stmt: Node, scope: _Scope) -> Columns:
@@ -200,10 +261,8 @@ class Resolver:
         for item in stmt.get("fromClause", ()):
             self.from_item(*unwrap(item), inner, level)
         for node in stmt.get("targetList", ()):
-            res = node.get("ResTarget", {})
-            self.target_column(target, res)
-            self.exprs([res.get("val", {})], inner)
-        self.exprs([stmt.get("whereClause", {})], inner)
+            self.assignment(target, node.get("ResTarget", {}), inner)
+        self.rest(stmt, _UPDATE_OWN, inner)  # WHERE, WHERE CURRENT OF, ...
         return self.returning(stmt.get("returningClause"), scope, level)
 
     def delete(self, stmt: Node, scope: _Scope) -> Columns:
@@ -214,7 +273,7 @@ class Resolver:
         inner = scope.push(level)
         for item in stmt.get("usingClause", ()):
             self.from_item(*unwrap(item), inner, level)
-        self.exprs([stmt.get("whereClause", {})], inner)
+        self.rest(stmt, _DELETE_OWN, inner)  # WHERE, WHERE CURRENT OF, ...
         return self.returning(stmt.get("returningClause"), scope, level)
 
     def returning(self, clause: Node | None, scope: _Scope, level: list[_Rel]) -> Columns:
@@ -228,7 +287,9 @@ class Resolver:
             if n.get("ReturningOption", {}).get("value")
         ]
         extra = [_Rel(name, target.columns, target.table) for name in names]
-        self.exprs(clause["exprs"], scope.push([*level, *extra]))
+        inner = scope.push([*level, *extra])
+        self.exprs(clause["exprs"], inner)
+        self.rest(clause, _RETURNING_OWN, inner)
         return self.outputs(clause["exprs"], level)
 
     def target(self, relation: Node) -> _Rel:
@@ -236,6 +297,11 @@ class Resolver:
         self.written[key] = None
         alias, _ = _alias(relation)
         return _Rel(alias or relation.get("relname", ""), tuple(table.columns), table)
+
+    def assignment(self, target: _Rel, res: Node, scope: _Scope) -> None:
+        """``SET col[i].f = val`` or an INSERT column: the name, then subscripts and value."""
+        self.target_column(target, res)
+        self.rest(res, _EMPTY, scope)
 
     def target_column(self, target: _Rel, node: Node) -> None:
         name = node.get("name", "")
@@ -253,6 +319,7 @@ class Resolver:
             level.append(self.range_var(body, scope))
         elif kind == "RangeSubselect":
             columns = self.any_statement(*unwrap(body.get("subquery")), scope)
+            self.rest(body, _SUBSELECT_OWN, scope)
             alias, renames = _alias(body)
             level.append(_Rel(alias, _rename(columns, renames)))
         elif kind == "JoinExpr":
@@ -267,8 +334,7 @@ class Resolver:
                     tables = [r.table.name for r in sides if r.table is not None]
                     single = tables[0] if len(tables) == 1 else None
                     self.unknown_column(name, single, list(merged), 0)
-            if "quals" in body:
-                self.exprs([body["quals"]], scope)
+            self.rest(body, _JOIN_OWN, scope)  # ON
             alias, _ = _alias(body)
             if alias:
                 level.append(_Rel(alias, merged))
@@ -277,7 +343,7 @@ class Resolver:
                 level.append(_Rel(using_alias, tuple(using)))
         elif kind == "RangeTableSample":
             self.from_item(*unwrap(body.get("relation")), scope, level)
-            self.exprs([body.get("args", []), body.get("repeatable", {})], scope)
+            self.rest(body, _SAMPLE_OWN, scope)  # the method's arguments, REPEATABLE
         else:  # functions, ROWS FROM, XMLTABLE, JSON_TABLE: columns not known here
             self.exprs([body], scope)
             alias, _ = _alias(body)
@@ -294,6 +360,21 @@ class Resolver:
 
     def lookup(self, body: Node) -> tuple[str, Table]:
         name, schema = body.get("relname", ""), body.get("schemaname", "")
+        database = body.get("catalogname", "")
+        found = None if database else self.find(schema, name)
+        if found is not None:
+            self.tables[found[0]] = None
+            return found
+        shown = ".".join(part for part in (database, schema, name) if part)
+        self.unknown_table(shown, name, body.get("location", 0), database=bool(database))
+
+    def find(self, schema: str, name: str) -> tuple[str, Table] | None:
+        """The catalog key and table ``schema.name`` (``name`` alone when no schema) names.
+
+        On PostgreSQL names match exactly: the parser has already folded unquoted names to
+        lower case, and a quoted name keeps its case (``"ORDERS"`` is not ``orders``).
+        Catalog keys are lower case, so the table's own name is compared too.
+        """
         tables = self.catalog.tables
         table: Table | None
         if schema:
@@ -308,24 +389,81 @@ class Resolver:
         else:
             key = name.lower()
             table = tables.get(key)
-        if table is not None:
-            self.tables[key] = None
-            return key, table
-        shown = f"{schema}.{name}" if schema else name
+        if table is None:
+            return None
+        if self.exact and (table.name != name or (schema and table.schema != schema)):
+            return None
+        return key, table
+
+    def unknown_table(
+        self, shown: str, name: str, location: int, *, database: bool = False, type_: bool = False
+    ) -> NoReturn:
         suggestions = self.catalog.close_tables(shown) or self.catalog.close_tables(name)
         hint = f"; did you mean {', '.join(suggestions)}?" if suggestions else ""
+        why = " (names with a database part are not resolved)" if database else ""
+        if type_:
+            what = (
+                f"type {shown!r} may be the row type of a table outside the gateway's catalog, "
+                f"which agents cannot name{why}{hint}"
+            )
+        else:
+            what = f"table {shown!r} does not exist in the gateway's catalog{why}{hint}"
         raise GatewayError(
             "unknown_table",
-            f"table {shown!r} does not exist in the gateway's catalog{hint}",
+            what,
             table=shown,
             suggestions=suggestions,
-            position=char_position(self.sql, body.get("location", 0)),
+            position=char_position(self.sql, location),
         )
+
+    def type_name(self, node: Node) -> None:
+        """Refuse a type that is the row type of a relation outside the catalog.
+
+        Every relation has a row type of its name, so ``NULL::corral.gateway_journal`` would
+        reveal a hidden table's columns. Unqualified, the relations outside the catalog that
+        PostgreSQL can find are pg_catalog's, all named ``pg_*`` (also as arrays, ``_pg_*``);
+        qualified, a name in ``pg_catalog`` is checked the same way, one in a schema that holds
+        catalog tables is a table there or a type (every relation of those schemas is in the
+        catalog), and one in any other schema (the gateway's own, ``information_schema``,
+        ``pg_toast``, a schema of extension types) is refused.
+        """
+        names = _names(node.get("names", ()))
+        if not names:
+            return
+        *qualifiers, name = names
+        bare = name[1:] if name.startswith("_") else name  # _t is the array type of t
+        if not qualifiers or qualifiers == ["pg_catalog"]:
+            if not bare.startswith("pg_") or bare in _PG_BASE_TYPES:
+                return
+            if not qualifiers and self.find("", bare) is not None:
+                # The catalog keys by bare name only the tables the search path finds, so
+                # this one is not shadowed by a pg_catalog relation.
+                return
+        elif len(qualifiers) == 1:
+            schema = qualifiers[0]
+            if self.find(schema, bare) is not None or schema in self.schemas():
+                return
+        shown = ".".join(names)
+        self.unknown_table(
+            shown, name, node.get("location", 0), database=len(qualifiers) > 1, type_=True
+        )
+
+    def schemas(self) -> frozenset[str]:
+        if self._schemas is None:
+            self._schemas = frozenset(
+                t.schema for t in self.catalog.tables.values() if t.schema is not None
+            )
+        return self._schemas
 
     # expressions
 
+    def rest(self, body: Node, own: frozenset[str], scope: _Scope) -> None:
+        """Walk, as expressions, every field of ``body`` not in ``own`` (handled by the caller)."""
+        self.exprs([value for key, value in body.items() if key not in own], scope)
+
     def exprs(self, nodes: Any, scope: _Scope, aliases: frozenset[str] = _EMPTY) -> None:
-        """Check every column reference under ``nodes``; subqueries get their own scope."""
+        """Resolve everything under ``nodes``: column references, subqueries (in their own
+        scope), relations and type names, wherever they are; every other node is descended."""
         stack: list[Any] = list(nodes)
         while stack:
             node = stack.pop()
@@ -335,11 +473,21 @@ class Resolver:
             if type(node) is not dict:
                 continue
             for key, value in node.items():
-                if key == "ColumnRef":
+                if type(value) is list:
+                    stack.append(value)
+                elif type(value) is not dict:
+                    continue
+                elif key == "ColumnRef":
                     self.column(value, scope, aliases)
-                elif key == "SelectStmt":
-                    self.select(value, scope)
-                elif type(value) is dict or type(value) is list:
+                elif key in _STATEMENT_KINDS:
+                    self.any_statement(key, value, scope)
+                elif key == "typeName" or key == "TypeName":
+                    self.type_name(value)
+                    stack.append(value)  # its modifiers: varchar(n)
+                elif key == "RangeVar":
+                    # A relation outside the FROM clauses handled above: resolved all the same.
+                    self.range_var(value, scope)
+                else:
                     stack.append(value)
 
     def column(self, ref: Node, scope: _Scope, aliases: frozenset[str]) -> None:
@@ -520,17 +668,75 @@ def _merge(rels: list[_Rel]) -> Columns:
 # --- could the rows be filtered away? ------------------------------------------------------------
 
 
+# Functions that return one row per call: aggregates, and scalars agents commonly call. Any
+# other call in a select list may be set-returning (unnest, jsonb_array_elements, a function of
+# the database's own), and one that returns no rows removes the row it was called for.
+_ONE_ROW_FUNCTIONS = frozenset(
+    {
+        # aggregates (those with ORDER BY, FILTER, DISTINCT, * or OVER are recognised anyway)
+        *("count", "sum", "avg", "min", "max", "array_agg", "string_agg", "json_agg"),
+        *("jsonb_agg", "json_object_agg", "jsonb_object_agg", "bool_and", "bool_or", "every"),
+        *("bit_and", "bit_or", "stddev", "stddev_pop", "stddev_samp", "variance", "var_pop"),
+        *("var_samp", "corr", "covar_pop", "covar_samp", "xmlagg", "range_agg"),
+        # strings
+        *("lower", "upper", "initcap", "length", "char_length", "character_length"),
+        *("octet_length", "substr", "substring", "left", "right", "lpad", "rpad", "btrim"),
+        *("ltrim", "rtrim", "replace", "translate", "concat", "concat_ws", "format"),
+        *("split_part", "strpos", "position", "reverse", "repeat", "md5", "encode", "decode"),
+        *("quote_ident", "quote_literal", "quote_nullable", "starts_with", "regexp_replace"),
+        *("regexp_match", "regexp_like", "regexp_count", "regexp_substr", "to_hex", "ascii"),
+        *("chr", "string_to_array", "array_to_string", "overlay", "normalize", "similarity"),
+        *("word_similarity", "unaccent"),
+        # numbers
+        *("abs", "ceil", "ceiling", "floor", "round", "trunc", "sign", "sqrt", "power", "exp"),
+        *("ln", "log", "log10", "mod", "div", "random", "width_bucket"),
+        # dates and times
+        *("now", "date_trunc", "date_part", "extract", "age", "make_date", "make_time"),
+        *("make_timestamp", "make_timestamptz", "make_interval", "to_char", "to_date"),
+        *("to_timestamp", "to_number", "justify_days", "justify_hours", "justify_interval"),
+        *("isfinite", "clock_timestamp", "statement_timestamp", "transaction_timestamp"),
+        *("timezone", "date_bin"),
+        # JSON and arrays
+        *("to_json", "to_jsonb", "row_to_json", "array_to_json", "json_build_object"),
+        *("jsonb_build_object", "json_build_array", "jsonb_build_array", "json_object"),
+        *("jsonb_object", "jsonb_set", "jsonb_insert", "jsonb_strip_nulls", "jsonb_pretty"),
+        *("jsonb_typeof", "json_typeof", "jsonb_array_length", "json_array_length"),
+        *("jsonb_extract_path", "jsonb_extract_path_text", "json_extract_path"),
+        *("json_extract_path_text", "jsonb_path_exists", "jsonb_path_match"),
+        *("jsonb_path_query_array", "jsonb_path_query_first", "array_length", "cardinality"),
+        *("array_append", "array_prepend", "array_cat", "array_remove", "array_replace"),
+        *("array_position", "array_positions", "array_lower", "array_upper"),
+        # the rest
+        *("gen_random_uuid", "pg_typeof", "num_nonnulls", "num_nulls", "currval", "version"),
+        *("current_setting", "current_database", "current_schema"),
+    }
+)
+_AGGREGATE_SYNTAX = (
+    "over",
+    "agg_star",
+    "agg_distinct",
+    "agg_order",
+    "agg_filter",
+    "agg_within_group",
+)
+_ROW_SOURCES = frozenset({"withClause", "larg", "rarg", "fromClause"})
+
+
 def filtered(kind: str, node: Node, ctes: dict[str, tuple[str, Node]] | None = None) -> bool:
-    """Whether a WHERE, HAVING or inner-join condition lies on the path producing the rows.
+    """Whether something on the path producing the rows may have removed rows.
 
     That path is the statement, its FROM subqueries, the CTEs it reads from FROM, and every arm
-    of a UNION; INTERSECT and EXCEPT filter by construction. Scalar subqueries are off it.
+    of a UNION; scalar subqueries are off it. What may remove rows: a WHERE, HAVING or
+    inner-join condition; INTERSECT and EXCEPT; a LIMIT or FETCH other than a positive
+    constant (or ALL) and an OFFSET other than 0; a function or TABLESAMPLE in FROM; a call in
+    the select list that may be set-returning (any but aggregates and common scalars). When in
+    doubt, true: an empty answer then has its tables checked for rows.
     """
     ctes = {} if ctes is None else ctes
     if kind == "InsertStmt":
         return "selectStmt" in node and filtered(*unwrap(node["selectStmt"]), ctes)
     if kind in ("UpdateStmt", "DeleteStmt"):
-        return "whereClause" in node
+        return any(k in node for k in ("whereClause", "fromClause", "usingClause"))
     if kind != "SelectStmt":
         return False
     return _select_filtered(node, ctes, frozenset())
@@ -542,6 +748,8 @@ def _select_filtered(node: Node, ctes: dict[str, tuple[str, Node]], seen: frozen
         for cte_node in node["withClause"].get("ctes", ()):
             cte = cte_node.get("CommonTableExpr", {})
             ctes[cte.get("ctename", "")] = unwrap(cte.get("ctequery"))
+    if _limited(node):
+        return True
     op = node.get("op", "SETOP_NONE")
     if op == "SETOP_UNION":
         return _select_filtered(node.get("larg", {}), ctes, seen) or _select_filtered(
@@ -549,9 +757,50 @@ def _select_filtered(node: Node, ctes: dict[str, tuple[str, Node]], seen: frozen
         )
     if op != "SETOP_NONE":
         return True
-    if "whereClause" in node or "havingClause" in node:
+    if "whereClause" in node or "havingClause" in node or _may_return_sets(node):
         return True
     return any(_from_filtered(*unwrap(item), ctes, seen) for item in node.get("fromClause", ()))
+
+
+def _limited(node: Node) -> bool:
+    """A LIMIT/FETCH that may keep no row (0, a parameter, an expression) or any OFFSET but 0."""
+    if "limitCount" in node and not _constant(node["limitCount"], lambda n: n > 0):
+        return True
+    return "limitOffset" in node and not _constant(node["limitOffset"], lambda n: n == 0)
+
+
+def _constant(node: Any, keeps: Callable[[int], bool]) -> bool:
+    """Whether ``node`` is NULL (LIMIT ALL, OFFSET NULL) or an integer constant that ``keeps``."""
+    kind, body = unwrap(node)
+    if kind != "A_Const":
+        return False
+    if body.get("isnull"):
+        return True
+    # A field at its default is left out: LIMIT 0 is {"ival": {}}.
+    return "ival" in body and keeps(int(body["ival"].get("ival", 0)))
+
+
+def _may_return_sets(node: Node) -> bool:
+    """A call outside FROM and subqueries that may be set-returning (see _ONE_ROW_FUNCTIONS)."""
+    stack: list[Any] = [value for key, value in node.items() if key not in _ROW_SOURCES]
+    while stack:
+        item = stack.pop()
+        if type(item) is list:
+            stack.extend(item)
+            continue
+        if type(item) is not dict:
+            continue
+        for key, value in item.items():
+            if key == "SelectStmt":
+                continue  # a subquery: its rows are not this statement's
+            if key == "FuncCall" and not any(k in value for k in _AGGREGATE_SYNTAX):
+                names = _names(value.get("funcname", ()))
+                qualified_elsewhere = len(names) > 1 and names[0] != "pg_catalog"
+                if qualified_elsewhere or not names or names[-1] not in _ONE_ROW_FUNCTIONS:
+                    return True
+            if type(value) is dict or type(value) is list:
+                stack.append(value)
+    return False
 
 
 def _from_filtered(
@@ -572,10 +821,12 @@ def _from_filtered(
     if kind == "RangeSubselect":
         sub_kind, sub = unwrap(node.get("subquery"))
         return sub_kind == "SelectStmt" and _select_filtered(sub, ctes, seen)
-    if kind == "RangeTableSample":
-        return True  # a sample may hold no rows
+    if kind != "RangeVar":
+        # TABLESAMPLE, functions, ROWS FROM, XMLTABLE, JSON_TABLE: may give no row at all, or
+        # none for a row of a table before them (jsonb_array_elements(o.meta->'items')).
+        return True
     name = node.get("relname", "")
-    if kind == "RangeVar" and not node.get("schemaname") and name in ctes and name not in seen:
+    if not node.get("schemaname") and name in ctes and name not in seen:
         cte_kind, cte = ctes[name]
         if cte_kind == "SelectStmt":
             return _select_filtered(cte, ctes, seen | {name})
