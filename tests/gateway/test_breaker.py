@@ -141,7 +141,14 @@ def test_policy_is_frozen_and_keyword_only() -> None:
 
 def test_every_gateway_code_has_a_documented_signal() -> None:
     assert set(CODES) <= set(OUTCOME_SIGNALS)
-    errors = {"database_error", "statement_timeout", "read_only_violation"}
+    errors = {
+        "database_error",
+        "invalid_data",
+        "constraint_violation",
+        "transaction_conflict",
+        "statement_timeout",
+        "read_only_violation",
+    }
     refusals = {
         "parse_error",
         "multiple_statements",

@@ -47,7 +47,7 @@ async def test_observe_gets_every_outcome_with_its_code(shop_dsn: str) -> None:
         "ok",
         "replayed",
         "unknown_table",
-        "database_error",
+        "invalid_data",
     ]
     assert {a for a, _ in seen} == {AGENT}
     assert seen[0][1].request == "SELECT id FROM orders WHERE id = $1"

@@ -179,7 +179,7 @@ async def test_suspicious_empties_count_and_genuine_ones_do_not(shop_dsn: str) -
 async def test_database_errors_count_as_errors(shop_dsn: str) -> None:
     async with Gateway.connect(shop_dsn, breaker=STRICT) as gw:
         for _ in range(3):
-            assert (await refused(gw, {"sql": "SELECT 1/0"})).code == "database_error"
+            assert (await refused(gw, {"sql": "SELECT 1/0"})).code == "invalid_data"
         freeze = gw.status(AGENT).freeze
         assert freeze is not None
         assert (freeze.signal, freeze.count) == ("errors", 3)

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from corral.gateway import _execute, _plan
+from corral.gateway import _plan, _wire
 from corral.gateway._catalog import Catalog
 from corral.gateway._errors import GatewayError
 from corral.gateway._gateway import Gateway
@@ -243,9 +243,9 @@ async def test_empty_tables_and_unfiltered_reads_are_genuinely_empty(shop_dsn: s
         cases: list[dict[str, Any]] = [
             {"sql": "SELECT * FROM refunds WHERE amount > $1", "params": [10]},
             {"sql": "SELECT * FROM refunds"},
-            {"sql": "SELECT id FROM orders LIMIT 0"},
             {"sql": "SELECT g FROM generate_series(1, 3) g WHERE g > 5"},
             {"op": "find", "table": "refunds", "where": {"order_id": 3}},
+            {"op": "find", "table": "refunds", "offset": 100},
             {"op": "count", "table": "refunds", "where": {"order_id": 3}},
         ]
         for request in cases:
@@ -261,6 +261,20 @@ async def test_empty_tables_and_unfiltered_reads_are_genuinely_empty(shop_dsn: s
         )
         assert present.emptiness is None
         assert present.warnings == ()
+
+
+async def test_a_structured_read_paged_past_the_last_row_is_suspicious(shop_dsn: str) -> None:
+    async with Gateway.connect(shop_dsn) as gw:
+        past = await gw.query(AGENT, {"op": "find", "table": "orders", "offset": 100})
+        paged = await gw.query(
+            AGENT, {"op": "find", "table": "orders", "order_by": ["id"], "limit": 5, "offset": 1}
+        )
+        error = await refused(gw, {"op": "find", "table": "orders", "limit": 0})
+    assert (past.rows, past.emptiness) == ([], "suspiciously_empty")
+    assert "orders holds rows" in past.warnings[0]
+    assert paged.emptiness is None
+    assert paged.rows
+    assert (error.code, error.details["key"]) == ("invalid_operation", "limit")
 
 
 async def test_an_empty_read_ending_in_a_semicolon_and_comment_is_classified(shop_dsn: str) -> None:
@@ -313,11 +327,11 @@ async def test_a_statement_over_the_timeout_is_cancelled_and_retryable(shop_dsn:
 async def test_database_errors_carry_the_sqlstate_never_a_psycopg_exception(shop_dsn: str) -> None:
     async with Gateway.connect(shop_dsn) as gw:
         error = await refused(gw, {"sql": "SELECT 1 / 0 AS x"})
-        assert error.code == "database_error"
+        assert error.code == "invalid_data"
         assert error.details["sqlstate"] == "22012"
         assert "division by zero" in error.message
         error = await refused(gw, {"sql": "SELECT $1::int AS n", "params": ["abc"]})
-        assert (error.code, error.details["sqlstate"]) == ("database_error", "22P02")
+        assert (error.code, error.details["sqlstate"]) == ("invalid_data", "22P02")
         error = await refused(
             gw,
             {
@@ -333,8 +347,9 @@ async def test_database_errors_carry_the_sqlstate_never_a_psycopg_exception(shop
                 "idempotency_key": "dup",
             },
         )
-        assert (error.code, error.details["sqlstate"]) == ("database_error", "23505")
-        assert "Key (id)" not in error.message  # the detail, with row values, is not passed on
+        assert (error.code, error.details["sqlstate"]) == ("constraint_violation", "23505")
+        assert "Key (id)" not in error.message  # the detail, with row values, is in details
+        assert "Key (id)=(1)" in error.details["database_detail"]
 
 
 async def test_a_lost_connection_is_unavailable_then_recovers(shop_dsn: str) -> None:
@@ -434,7 +449,7 @@ async def test_prepared_statements_follow_a_change_of_their_result_shape(shop_ds
 
 
 async def test_statements_past_the_limit_of_a_connection_are_closed(shop_dsn: str) -> None:
-    limit = _execute._STATEMENTS_PER_CONNECTION
+    limit = _wire._STATEMENTS_PER_CONNECTION
 
     def numbered(n: int) -> dict[str, Any]:
         return {"sql": f"SELECT id, {n} AS n FROM orders WHERE id = $1", "params": [1]}

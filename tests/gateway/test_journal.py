@@ -239,7 +239,7 @@ async def test_a_failed_write_leaves_its_key_free(shop_dsn: str) -> None:
     execute(shop_dsn, "INSERT INTO refunds VALUES (1, 4, 1)")
     async with Gateway.connect(shop_dsn) as gw:
         error = await refused(gw, refund(1))
-        assert (error.code, error.details["sqlstate"]) == ("database_error", "23505")
+        assert (error.code, error.details["sqlstate"]) == ("constraint_violation", "23505")
         assert fetch(shop_dsn, "SELECT count(*) FROM corral.gateway_journal") == [(0,)]
         execute(shop_dsn, "DELETE FROM refunds")
         retried = await gw.query(AGENT, refund(1))
@@ -413,7 +413,7 @@ async def test_a_write_refused_at_commit_leaves_its_key_free(shop_dsn: str) -> N
     }
     async with Gateway.connect(shop_dsn) as gw:
         error = await refused(gw, request)
-        assert (error.code, error.details["sqlstate"]) == ("database_error", "23503")
+        assert (error.code, error.details["sqlstate"]) == ("constraint_violation", "23503")
         assert fetch(shop_dsn, "SELECT count(*) FROM corral.gateway_journal") == [(0,)]
         execute(shop_dsn, "INSERT INTO refunds VALUES (42, 4, 1)")
         assert (await gw.query(AGENT, request)).status == "ok"

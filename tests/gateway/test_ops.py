@@ -196,6 +196,24 @@ def test_every_operator(dialect: str, condition: Any, clause: str, params: tuple
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize(
+    ("paging", "filtered"),
+    [
+        ({"offset": 100}, True),  # past the last row, the answer is empty
+        ({"limit": 5, "offset": 1}, True),
+        ({"offset": 0}, False),
+        ({"limit": 1}, False),  # at least one row of a table that has any
+        ({}, False),
+    ],
+)
+def test_an_offset_counts_as_a_filter(dialect: str, paging: dict[str, Any], filtered: bool) -> None:
+    got = comp({"op": "find", "table": "orders", **paging}, dialect)
+    assert got.filtered is filtered
+    expected = f"SELECT EXISTS (SELECT 1 FROM {Q_ORDERS[dialect]})" if filtered else None
+    assert got.exists_sql == expected
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
 def test_fields_are_anded_in_column_order(dialect: str) -> None:
     got = comp(find({"total": {"gt": 1}, "status": "open", "ID": 3}), dialect)
     m = MARK[dialect]

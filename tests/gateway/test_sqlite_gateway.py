@@ -225,7 +225,7 @@ async def test_refused_write_leaves_no_journal_row(shop: Path) -> None:
         "idempotency_key": "dup",
     }
     async with SQLiteGateway.connect(shop, clock=FakeClock()) as gw:
-        assert (await _refused(gw, dup)).code == "database_error"
+        assert (await _refused(gw, dup)).code == "constraint_violation"
         assert await gw._call(gw._engine.lookup, AGENT, "dup") is None
 
 
@@ -355,7 +355,7 @@ async def test_sql_reads_are_loud_about_empty_answers(shop: Path) -> None:
             },
         )
         empty_table = await gw.query(AGENT, {"sql": "SELECT id FROM refunds WHERE order_id = 1"})
-        no_filter = await gw.query(AGENT, {"sql": "SELECT id FROM orders LIMIT 0"})
+        no_filter = await gw.query(AGENT, {"sql": "SELECT id FROM orders"})
         counted = await gw.query(AGENT, {"sql": "SELECT count(*) AS n FROM orders WHERE id < 0"})
     assert missed.emptiness == "suspiciously_empty"
     assert missed.columns == ("id",)
@@ -363,9 +363,42 @@ async def test_sql_reads_are_loud_about_empty_answers(shop: Path) -> None:
     assert joined.emptiness == "suspiciously_empty"
     assert "orders, customers hold rows" in joined.warnings[0]
     assert (empty_table.emptiness, empty_table.warnings) == ("genuinely_empty", ())
-    assert no_filter.emptiness == "genuinely_empty"
+    assert no_filter.emptiness is None
     assert counted.rows == [{"n": 0}]
     assert counted.emptiness is None  # SQL counts are rows, as on PostgreSQL
+
+
+async def test_limits_offsets_and_table_valued_functions_make_empties_loud(shop: Path) -> None:
+    conn = sqlite3.connect(shop)
+    conn.execute("CREATE TABLE refunds (id INTEGER PRIMARY KEY, order_id INTEGER)")
+    conn.commit()
+    conn.close()
+    suspicious: list[dict[str, Any]] = [
+        {"sql": "SELECT id FROM orders LIMIT 0"},
+        {"sql": "SELECT id FROM orders LIMIT 5 OFFSET 100"},
+        {"sql": "SELECT o.id FROM orders o, json_each('[]')"},
+        {"sql": "SELECT o.id FROM orders o, json_each(o.meta, '$.nosuchkey')"},
+        {"op": "find", "table": "orders", "offset": 100},
+        {"op": "find", "table": "orders", "limit": 5, "offset": 100},
+    ]
+    genuine: list[dict[str, Any]] = [
+        {"sql": "SELECT id FROM refunds LIMIT 0"},
+        {"sql": "SELECT r.id FROM refunds r, json_each('[1]')"},
+        {"op": "find", "table": "refunds", "offset": 100},
+    ]
+    async with SQLiteGateway.connect(shop, clock=FakeClock(), breaker=None) as gw:
+        for request in suspicious:
+            result = await gw.query(AGENT, request)
+            assert (result.rows, result.emptiness) == ([], "suspiciously_empty"), request
+            assert "orders holds rows" in result.warnings[0], request
+        for request in genuine:
+            result = await gw.query(AGENT, request)
+            assert (result.rows, result.emptiness) == ([], "genuinely_empty"), request
+        paged = await gw.query(AGENT, {"sql": "SELECT id FROM orders ORDER BY id LIMIT 1"})
+        limit_zero = await _refused(gw, {"op": "find", "table": "orders", "limit": 0})
+    assert paged.emptiness is None
+    assert paged.rows == [{"id": 1}]
+    assert (limit_zero.code, limit_zero.details["key"]) == ("invalid_operation", "limit")
 
 
 async def test_sql_reads_are_capped_and_timed_out(shop: Path) -> None:
@@ -444,7 +477,7 @@ async def test_a_sql_write_the_database_refuses_leaves_its_key_free(shop: Path) 
         assert await gw._call(gw._engine.lookup, AGENT, "k") is None
         assert await gw._call(gw._engine.lookup, AGENT, "slow") is None
         fixed = await gw.query(AGENT, {**dup, "sql": dup["sql"].replace("(1,", "(70,")})
-    assert refused.code == "database_error"
+    assert refused.code == "constraint_violation"
     assert "UNIQUE" in refused.message
     assert timed_out.code == "statement_timeout"
     assert fixed.status == "ok"

@@ -211,8 +211,39 @@ def test_classification_tables_and_filters(shop: Path) -> None:
     joined = _analysis(shop, "SELECT 1 FROM orders JOIN customers USING (id)")
     assert joined.filtered
     assert set(joined.tables) == {"orders", "customers"}
-    assert not _analysis(shop, "SELECT * FROM orders ORDER BY id LIMIT 3").filtered
+    assert not _analysis(shop, "SELECT * FROM orders ORDER BY id").filtered
     assert _analysis(shop, "VALUES (1)").statement_type == "VALUES"
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT * FROM orders ORDER BY id LIMIT 3",
+        "SELECT * FROM orders LIMIT 0",
+        "SELECT * FROM orders LIMIT -1 OFFSET 100",
+        "SELECT * FROM orders LIMIT 100, 5",
+        "WITH o AS (SELECT * FROM orders LIMIT $1) SELECT count(*) FROM o",
+        "SELECT o.id FROM orders o, json_each(o.meta)",
+        "SELECT o.id, j.value FROM orders o JOIN json_tree('[1]') j",
+        'SELECT o.id FROM orders o, "json_each"(o.meta)',
+    ],
+)
+def test_limits_offsets_and_table_valued_functions_are_filters(shop: Path, sql: str) -> None:
+    # Each can leave out every row of a table that has some: an empty answer is checked.
+    assert _analysis(shop, sql).filtered
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT * FROM orders ORDER BY id",
+        "SELECT json_extract(meta, '$.limit') AS l FROM orders",
+        'SELECT "limit" FROM (SELECT 1 AS "limit")',
+        "SELECT 'json_each(x) LIMIT 0' AS s FROM orders",
+    ],
+)
+def test_names_and_strings_are_not_filters(shop: Path, sql: str) -> None:
+    assert not _analysis(shop, sql).filtered
 
 
 def test_normalisation_keeps_the_work_and_drops_the_layout(shop: Path) -> None:

@@ -13,9 +13,10 @@
 - ``POST /gateway/{target}/agents/{agent}/reinstate`` ``{"by", "reason"}``: a person's
   decision, so an agent's token is refused (403).
 
-A gateway refusal answers with the status of its code (400 refused at parse, 408 statement
-timeout, 409 key in flight or outcome unknown, 422 idempotency conflict, 423 agent frozen,
-429 pool exhausted, 503 database unavailable) and the usual error body.
+A gateway refusal answers with the status of its code (400 refused at parse or invalid data,
+408 statement timeout, 409 key in flight, outcome unknown, constraint violation or
+transaction conflict, 422 idempotency conflict, 423 agent frozen, 429 pool exhausted, 500
+database error, 503 database unavailable) and the usual error body.
 """
 
 from __future__ import annotations

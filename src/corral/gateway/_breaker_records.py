@@ -3,8 +3,9 @@
 Which outcome counts toward which signal (:data:`OUTCOME_SIGNALS`):
 
 - ``errors``: the request reached the database and failed there: ``database_error``,
-  ``statement_timeout``, ``read_only_violation`` (a write hidden in a read, stopped by the
-  engine).
+  ``invalid_data``, ``constraint_violation``, ``transaction_conflict`` (a request that keeps
+  losing to others is as much a loop as one that keeps failing), ``statement_timeout``,
+  ``read_only_violation`` (a write hidden in a read, stopped by the engine).
 - ``refusals``: the gateway refused the request before it touched the database:
   ``parse_error``, ``multiple_statements``, ``forbidden_statement``, ``forbidden_function``,
   ``unknown_table``, ``unknown_column``, ``invalid_operation``, ``idempotency_key_required``,
@@ -43,7 +44,14 @@ __all__ = [
 Signal = Literal["errors", "refusals", "suspicious_empties"]
 SIGNALS: tuple[Signal, ...] = ("errors", "refusals", "suspicious_empties")
 
-_ERRORS = ("database_error", "statement_timeout", "read_only_violation")
+_ERRORS = (
+    "database_error",
+    "invalid_data",
+    "constraint_violation",
+    "transaction_conflict",
+    "statement_timeout",
+    "read_only_violation",
+)
 _REFUSALS = (
     "parse_error",
     "multiple_statements",

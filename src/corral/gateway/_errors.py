@@ -1,4 +1,11 @@
-"""The gateway's refusals and failures: one ``GatewayError`` with a stable code each."""
+"""The gateway's refusals and failures: one ``GatewayError`` with a stable code each.
+
+A statement the database refused is classified by its cause (:func:`sqlstate_code`): bad data
+in the request (``invalid_data``, 400), a broken constraint (``constraint_violation``, 409),
+neither retryable, since the same request fails the same way; a conflict with a concurrent
+transaction (``transaction_conflict``, 409, retryable); anything else is ``database_error``
+(500). :func:`database_refusal` words them alike on every engine.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +30,9 @@ CODES: dict[str, tuple[int, bool]] = {
     "agent_frozen": (423, False),
     "pool_exhausted": (429, True),
     "statement_timeout": (408, True),
+    "invalid_data": (400, False),
+    "constraint_violation": (409, False),
+    "transaction_conflict": (409, True),
     "database_error": (500, False),
     "database_unavailable": (503, True),
 }
@@ -45,3 +55,52 @@ class GatewayError(RefusalError):
         super().__init__(message, retryable=retryable, **details)
         self.code = code  # type: ignore[misc]  # per instance: one class, many codes
         self.status = status
+
+
+# SQLSTATEs of a transaction rolled back for a concurrent one: serialization failure, deadlock.
+_CONFLICT_STATES = frozenset({"40001", "40P01"})
+
+_REFUSED: dict[str, tuple[str, str]] = {
+    # code -> (what happened, what the agent can do)
+    "invalid_data": (
+        "the statement failed on a value",
+        "; the same request fails the same way: change the value, or the expression that "
+        "produced it",
+    ),
+    "constraint_violation": (
+        "the write breaks a constraint",
+        "; the same request fails the same way while the data stays as it is",
+    ),
+    "transaction_conflict": (
+        "the statement conflicted with a concurrent transaction and was rolled back",
+        "; retry it (a write with the same idempotency key)",
+    ),
+    "database_error": ("the database refused the statement", ""),
+}
+
+
+def sqlstate_code(sqlstate: str | None) -> str:
+    """The code of a statement refused with ``sqlstate``: class 22 (data exception)
+    ``invalid_data``, class 23 (integrity) ``constraint_violation``, 40001 and 40P01
+    (serialization failure, deadlock) ``transaction_conflict``, anything else (or None)
+    ``database_error``."""
+    if not sqlstate:
+        return "database_error"
+    if sqlstate.startswith("22"):
+        return "invalid_data"
+    if sqlstate.startswith("23"):
+        return "constraint_violation"
+    if sqlstate in _CONFLICT_STATES:
+        return "transaction_conflict"
+    return "database_error"
+
+
+def database_refusal(code: str, message: str, **details: Any) -> GatewayError:
+    """The ``GatewayError`` for a statement the database refused with ``message`` (its own
+    words), as ``code`` (``invalid_data``, ``constraint_violation``, ``transaction_conflict``
+    or ``database_error``); ``details`` are passed on. Raises ``ValueError`` for another
+    code."""
+    if code not in _REFUSED:
+        raise ValueError(f"not a database refusal code: {code!r}")
+    what, advice = _REFUSED[code]
+    return GatewayError(code, f"{what}: {message}{advice}", **details)

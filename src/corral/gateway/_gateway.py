@@ -11,7 +11,8 @@ against the catalog (refusals of :mod:`~._sql` / :mod:`~._ops`, ``invalid_operat
 write the idempotency key (``idempotency_key_required``, ``idempotency_conflict``,
 ``idempotency_in_progress``, or ``replayed``), the agent's pool (``pool_exhausted``), then the
 database (see :mod:`~._execute`: ``read_only_violation``, ``statement_timeout``,
-``database_error``, ``database_unavailable``). Every outcome but ``agent_frozen`` is reported
+``invalid_data``, ``constraint_violation``, ``transaction_conflict``, ``database_error``,
+``database_unavailable``). Every outcome but ``agent_frozen`` is reported
 to the ``observe`` hook. Nothing but ``GatewayError`` (and ``InvalidArgumentError`` for a bad
 ``agent_id``) leaves :meth:`Gateway.query`.
 

@@ -10,7 +10,9 @@ Keys per operation (``op`` and ``table`` always; ``idempotency_key`` and ``plan_
 are passed through to the result and are neither SQL nor part of ``normalized``):
 
 - ``find``: ``where``, ``columns`` (names; all columns when absent), ``order_by`` (names,
-  ``"-name"`` for descending), ``limit`` (integer >= 1), ``offset`` (integer >= 0).
+  ``"-name"`` for descending), ``limit`` (integer >= 1: ``0`` could only answer nothing),
+  ``offset`` (integer >= 0; an empty answer of a read with a ``where`` or an ``offset`` says
+  whether the table has rows, see :class:`CompiledOperation`).
 - ``count``: ``where``. The single result column is named ``count``.
 - ``insert``: ``values`` (one row as a mapping, or a non-empty list of rows that all name the
   same columns), ``returning``.
@@ -133,10 +135,12 @@ class CompiledOperation:
     the placeholders are psycopg's ``%s`` and a ``%`` inside an identifier is doubled, as
     psycopg expects when parameters are given; on SQLite they are ``?``. ``kind`` is ``read``
     for find/count and ``write`` otherwise. ``table`` is the catalog's name for the table.
-    ``filtered`` is true for a read with a non-empty ``where``; ``exists_sql`` (run with empty
-    params) then tells whether the table holds any row at all, for telling a genuine empty
-    result from a suspicious one. ``normalized`` is canonical JSON describing the operation
-    (not its pass-through keys): equal for the same operation whatever the order of keys.
+    ``filtered`` is true for a read with a non-empty ``where`` or a ``find`` with a non-zero
+    ``offset`` (``limit`` is at least 1, so it never empties an answer by itself);
+    ``exists_sql`` (run with empty params) then tells whether the table holds any row at all,
+    for telling a genuine empty result from a suspicious one. ``normalized`` is canonical
+    JSON describing the operation (not its pass-through keys): equal for the same operation
+    whatever the order of keys.
     """
 
     sql: str
@@ -629,7 +633,8 @@ class _Compiler:
             normal["offset"] = offset
             self.params.append(offset)
             page += f" OFFSET {self.mark}"
-        return f"SELECT {select} FROM {target}{where}{order}{page}", bool(clauses)
+        # An offset leaves rows out as a filter does: past the end, the answer is empty.
+        return f"SELECT {select} FROM {target}{where}{order}{page}", bool(clauses) or bool(offset)
 
 
 def _dumps(value: Any) -> str:

@@ -6,7 +6,10 @@ sent to the server unchanged and the parameters are bound there (never spliced i
 text), so no quoting or ``%`` in the SQL can turn a value into SQL. ``params`` must hold
 exactly as many values as the highest placeholder number. Values are JSON-like: ``None``,
 ``bool``, ``int``, finite ``float``, ``str``, lists (sent as PostgreSQL arrays) and
-string-keyed objects (sent as ``jsonb``).
+string-keyed objects (sent as ``jsonb``). The server then types each parameter: an object
+compared with a column that is not ``json``/``jsonb`` (or a list with a column that is not an
+array) is refused there as ``database_error`` (SQLSTATE 42883, no operator for the two
+types, with PostgreSQL's hint in ``details``), never as a lost connection.
 
 A structured request is any mapping with ``op`` (see :mod:`corral.gateway._ops`).
 

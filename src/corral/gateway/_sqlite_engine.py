@@ -42,7 +42,7 @@ from urllib.parse import quote
 
 from corral.gateway._catalog import Catalog
 from corral.gateway._catalog_load import load_sqlite_catalog
-from corral.gateway._errors import GatewayError
+from corral.gateway._errors import GatewayError, database_refusal
 from corral.gateway._journal import StoredResult, decode_result, encode_result
 from corral.gateway._ops import CompiledOperation, quote_identifier
 from corral.gateway._result import GatewayResult
@@ -342,8 +342,8 @@ class SQLiteEngine:
 
     def read(self, plan: ReadPlan) -> GatewayResult:
         """Run ``plan`` read-only; raises ``GatewayError`` (``read_only_violation``,
-        ``statement_timeout``, ``database_error``, ``database_unavailable``, and for an
-        agent's SQL the refusals of its wall)."""
+        ``statement_timeout``, ``invalid_data``, ``database_error``, ``database_unavailable``,
+        and for an agent's SQL the refusals of its wall)."""
         for attempt in range(2):
             try:
                 return self._read(plan)
@@ -448,8 +448,9 @@ class SQLiteEngine:
         """Run the write ``plan`` journalled under ``(agent_id, key)``, in one transaction.
 
         Returns what the journal already holds for the key (nothing ran), or the new result
-        (committed with its journal row). Raises ``GatewayError``; a write the engine
-        refused leaves neither the write nor its key.
+        (committed with its journal row). Raises ``GatewayError`` (``constraint_violation``,
+        ``invalid_data``, ``database_error``, ...); a write the engine refused leaves neither
+        the write nor its key.
         """
         with self._write_lock:
             target = self._require_target()
@@ -546,10 +547,13 @@ class SQLiteEngine:
         ):
             # The schema changed under a cached analysis.
             return compile_error(exc, plan.sql, self.catalog)
-        return GatewayError(
-            "database_error",
-            f"the database refused the statement: {text}",
+        constraint = text.partition("constraint failed: ")[2] or None
+        return database_refusal(
+            _refusal_code(exc, name, text),
+            text,
             database_message=text,
+            sqlite_error=name or None,
+            constraint=constraint,
         )
 
 
@@ -572,6 +576,35 @@ def _modules(conn: sqlite3.Connection) -> frozenset[str]:
     except sqlite3.Error:  # pragma: no cover - a SQLite built without the pragma
         return frozenset()
     return frozenset(str(row[0]).lower() for row in rows)
+
+
+# SQLite's own words for a value it cannot work with, raised as plain SQLITE_ERROR.
+_DATA_MESSAGES = (
+    "malformed JSON",
+    "bad JSON path",
+    "JSON path error",
+    "JSON cannot hold BLOB",
+    "integer overflow",
+)
+
+
+def _refusal_code(exc: sqlite3.Error, name: str, text: str) -> str:
+    """The code of a statement SQLite refused (see :func:`~._errors.sqlstate_code` for the
+    PostgreSQL side): a value of the wrong type or size ``invalid_data``, a failed
+    constraint ``constraint_violation``, anything else ``database_error``."""
+    if name == "SQLITE_CONSTRAINT_DATATYPE" or text.startswith("cannot store "):
+        return "invalid_data"  # a STRICT table's column refused the value's type
+    if name.startswith("SQLITE_CONSTRAINT") or (
+        isinstance(exc, sqlite3.IntegrityError) and "constraint failed" in text
+    ):
+        return "constraint_violation"
+    if (
+        name in ("SQLITE_MISMATCH", "SQLITE_TOOBIG")
+        or isinstance(exc, sqlite3.DataError)
+        or text.startswith(_DATA_MESSAGES)
+    ):
+        return "invalid_data"
+    return "database_error"
 
 
 def _unavailable(path: Path, exc: BaseException) -> GatewayError:

@@ -47,9 +47,11 @@ some statements act while they compile. The same :class:`Wall` guards every conn
 SQL runs on, so a statement the analysis got wrong is still refused by SQLite at run time.
 
 Classification: ``write`` when the statement inserts, updates or deletes (the authorizer
-says which tables); ``EXPLAIN`` is a read. ``filtered``: a ``WHERE``, ``HAVING``, ``ON``,
-``USING``, ``NATURAL``, ``INTERSECT`` or ``EXCEPT`` appears anywhere (an over-estimate,
-which only costs an exact ``EXISTS`` check on an empty answer).
+says which tables); ``EXPLAIN`` is a read. ``filtered``: anything that can leave out rows of
+the tables read appears anywhere: ``WHERE``, ``HAVING``, ``ON``, ``USING``, ``NATURAL``,
+``INTERSECT``, ``EXCEPT``, ``LIMIT``, ``OFFSET``, or a table-valued function (``json_each``,
+``json_tree``: joined to a table, a row with an empty array yields nothing). An
+over-estimate, which only costs an exact ``EXISTS`` check on an empty answer.
 
 Results and refusals are cached (LRU) by ``(sql, catalog.version)``.
 """
@@ -505,7 +507,9 @@ _FORBIDDEN_KEYWORDS = (
 )
 _CREATE_MODIFIERS = frozenset({"TEMP", "TEMPORARY", "UNIQUE", "VIRTUAL"})
 _OBJECTS = frozenset({"TABLE", "INDEX", "VIEW", "TRIGGER"})
-_FILTERS = frozenset({"WHERE", "HAVING", "ON", "USING", "NATURAL", "INTERSECT", "EXCEPT"})
+_FILTERS = frozenset(
+    {"WHERE", "HAVING", "ON", "USING", "NATURAL", "INTERSECT", "EXCEPT", "LIMIT", "OFFSET"}
+)
 _CACHED_CODES = frozenset(
     {
         "parse_error",
@@ -670,13 +674,22 @@ def analyze_sqlite(
         statement_type=("EXPLAIN " if explain else "") + statement_type,
         tables=tuple(wall.reads),
         written=() if explain else tuple(wall.writes),
-        filtered=any(t.upper in _FILTERS for t in body),
+        filtered=_filtered(body),
         param_count=param_count,
         sql=sql,
         executable=executable,
         ctes=ctes,
         normalized=_normalized(tokens),
         explain=explain,
+    )
+
+
+def _filtered(tokens: list[Token]) -> bool:
+    """Whether anything in ``tokens`` can leave out rows of the tables read (see the module
+    docstring): a filtering keyword, or a table-valued function named anywhere."""
+    return any(
+        t.upper in _FILTERS or (t.kind in (WORD, QUOTED) and t.name.lower() in _EPONYMOUS)
+        for t in tokens
     )
 
 

@@ -1,0 +1,529 @@
+"""The wire: sending a request's statements to PostgreSQL and reading their results back.
+
+Requests go to the server through libpq's pipeline mode, driven here on psycopg's ``pq``
+layer with psycopg's adapters for parameters and rows: every statement of a request is
+queued, then one ``Sync``, so a request costs one network round trip
+(:func:`run_pipeline`). Statements are prepared on their connection: the first execution of
+a text (with the same parameter types) parses it as a named statement in the same round
+trip, later ones skip parsing and planning on the server. Each connection keeps its
+``_STATEMENTS_PER_CONNECTION`` most recently used statements; the others are closed in its
+next round trip. PostgreSQL chooses between custom and generic plans for them as for any
+client that prepares (``plan_cache_mode``). A prepared statement whose result shape changed
+under it (a column type altered, ``0A000``) makes the connection forget every statement
+(:func:`stale_plan`; the caller sends the request once more). Named statements live in the
+server session: the gateway needs session-level connections (a pooler in transaction mode
+between it and the server would hand them to other sessions).
+
+A statement the server refuses while preparing it (it does not parse or plan: an invalid
+literal, an unknown type or function, a parameter of the wrong type) comes back as its
+command's first result, and the rest of the pipeline is skipped up to the ``Sync``: errors of
+statements are results, never exceptions; an exception out of :func:`run_pipeline` means the
+connection itself failed.
+
+Rows are loaded with the connection's adapters. A date, timestamp or interval that Python's
+types cannot hold (``infinity``, ``-infinity``, a year past 9999 or before 1, an interval past
+``timedelta``'s range) is loaded as the text PostgreSQL sent for it, so such a value never
+makes a whole result unreadable (:func:`load_rows`, :func:`load_all`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+import weakref
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import psycopg
+from psycopg import adapt, pq
+from psycopg.abc import AdaptContext, Buffer, PQGen, Transformer
+from psycopg.adapt import AdaptersMap, PyFormat
+from psycopg.errors import error_from_result
+from psycopg.generators import send
+from psycopg.pq.abc import PGconn, PGresult
+from psycopg.waiting import Wait
+
+from corral.gateway._pools import Lease
+
+__all__ = [
+    "TEXT_OID",
+    "Command",
+    "Key",
+    "Statements",
+    "column_names",
+    "command",
+    "constant",
+    "described",
+    "encoded",
+    "error_in",
+    "first_error",
+    "load_all",
+    "load_rows",
+    "rollback",
+    "row_count",
+    "run_pipeline",
+    "stale_plan",
+    "statements_of",
+    "unique_names",
+    "with_text",
+]
+
+_CHUNKED = pq.version() >= 170000  # libpq 17 streams in chunks; older ones row by row
+# Dropping a prepared statement inside a pipeline (a Close message) needs libpq 17 as well;
+# older ones run every statement unprepared.
+_PREPARE = pq.version() >= 170000
+_STATEMENTS_PER_CONNECTION = 128
+TEXT_OID = 25
+
+_S = pq.ExecStatus
+_OK, _FATAL = _S.COMMAND_OK, _S.FATAL_ERROR
+_ROWS = frozenset({_S.TUPLES_OK, _S.TUPLES_CHUNK, _S.SINGLE_TUPLE})
+_SYNC = _S.PIPELINE_SYNC
+_WAIT_R = Wait.R
+_IDLE = pq.TransactionStatus.IDLE
+_ABORTED = pq.PipelineStatus.ABORTED
+
+Key = tuple[bytes, tuple[int, ...]]
+
+
+@dataclass(eq=False, slots=True)
+class Statements:
+    """The named statements prepared on one connection, least recently used first, and the
+    connection's encoding (Python's name; agents cannot change it)."""
+
+    encoding: str
+    names: OrderedDict[Key, bytes] = field(default_factory=OrderedDict)
+    closing: list[bytes] = field(default_factory=list)
+    serial: int = 0
+
+    def add(self, key: Key, name: bytes) -> None:
+        self.names[key] = name
+        while len(self.names) > _STATEMENTS_PER_CONNECTION:
+            self.closing.append(self.names.popitem(last=False)[1])
+
+    def forget(self) -> None:
+        self.closing.extend(self.names.values())
+        self.names.clear()
+
+
+_PREPARED: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], Statements] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def statements_of(conn: psycopg.AsyncConnection[Any]) -> Statements:
+    """The statements prepared on ``conn`` (an empty record the first time it is seen)."""
+    statements = _PREPARED.get(conn)
+    if statements is None:
+        statements = _PREPARED[conn] = Statements(conn.info.encoding)
+    return statements
+
+
+class Command(NamedTuple):
+    """One statement with its parameters dumped for the wire; ``key`` names its prepared
+    form (the text and the parameters' types)."""
+
+    sql: bytes
+    values: Sequence[Buffer | None] | None
+    types: tuple[int, ...]
+    formats: Sequence[pq.Format] | None
+    key: Key
+
+
+def command(tx: Transformer, sql: bytes, params: Sequence[Any] | None = None) -> Command:
+    """``sql`` (``$n`` placeholders, encoded) with ``params`` dumped by ``tx``; raises
+    psycopg's errors for a value it cannot adapt."""
+    if not params:
+        return Command(sql, None, (), None, (sql, ()))
+    n = len(params)
+    values = tx.dump_sequence(params, _AUTO[n] if n < len(_AUTO) else [PyFormat.AUTO] * n)
+    types = tx.types or ()
+    return Command(sql, values, types, list(tx.formats or ()), (sql, types))
+
+
+_AUTO = [[PyFormat.AUTO] * n for n in range(16)]
+_CONSTANTS: dict[bytes, Command] = {}
+
+
+def constant(sql: bytes) -> Command:
+    """The parameterless command ``sql``, built once."""
+    found = _CONSTANTS.get(sql)
+    if found is None:
+        found = _CONSTANTS[sql] = Command(sql, None, (), None, (sql, ()))
+    return found
+
+
+_PERCENT = re.compile(r"%(.|\Z)", re.DOTALL)
+
+
+@functools.lru_cache(maxsize=2048)
+def encoded(sql: str, raw: bool, encoding: str) -> bytes:
+    """``sql`` as sent: ``$n`` placeholders, in the connection's encoding."""
+    if raw:
+        return sql.encode(encoding)
+    count = 0
+
+    def placeholder(match: re.Match[str]) -> str:
+        nonlocal count
+        if match.group(1) == "%":
+            return "%"
+        if match.group(1) != "s":
+            raise psycopg.ProgrammingError(f"only %s placeholders are allowed, got {match[0]!r}")
+        count += 1
+        return f"${count}"
+
+    return _PERCENT.sub(placeholder, sql).encode(encoding)
+
+
+def _result_mode(pgconn: PGconn, chunk: int) -> None:
+    if pgconn.pipeline_status == _ABORTED:
+        # An earlier command failed (a statement that did not parse or plan): the rest of
+        # the pipeline is skipped, and libpq refuses to change a skipped command's mode.
+        return
+    if _CHUNKED:
+        pgconn.set_chunked_rows_mode(chunk)
+    else:
+        pgconn.set_single_row_mode()
+
+
+def _next_result(pgconn: PGconn) -> PQGen[PGresult | None]:
+    """The next result of the pipeline (None between two commands' results), waiting for
+    the socket as needed: psycopg's ``fetch``, inlined by its callers for speed."""
+    if pgconn.is_busy():
+        while not (yield _WAIT_R):
+            pass
+        while True:
+            pgconn.consume_input()
+            if not pgconn.is_busy():
+                break
+            while not (yield _WAIT_R):
+                pass
+        _notifies(pgconn)
+    return pgconn.get_result()
+
+
+def _notifies(pgconn: PGconn) -> None:
+    while notify := pgconn.notifies():
+        if pgconn.notify_handler:
+            pgconn.notify_handler(notify)
+
+
+def _exchange(
+    pgconn: PGconn, chunk_group: int | None, chunk: int, limit: int | None
+) -> PQGen[tuple[list[list[PGresult]], bool]]:
+    """Send the pipeline and read every command's results up to its ``Sync``.
+
+    Group ``chunk_group`` is read in chunks of ``chunk`` rows, and reading stops (returning
+    True) once it has more than ``limit`` rows: the rest is then still on its way.
+    """
+    yield from send(pgconn)
+    group: list[PGresult] = []
+    groups = [group]
+    rows = 0
+    while True:
+        # _next_result, inlined: a generator per result costs more than the rest of the loop.
+        if pgconn.is_busy():
+            while not (yield _WAIT_R):
+                pass
+            while True:
+                pgconn.consume_input()
+                if not pgconn.is_busy():
+                    break
+                while not (yield _WAIT_R):
+                    pass
+            _notifies(pgconn)
+        result = pgconn.get_result()
+        if result is None:
+            group = []
+            groups.append(group)
+            if len(groups) - 1 == chunk_group:
+                # Only the command at the head of the queue can change its result mode.
+                _result_mode(pgconn, chunk)
+            continue
+        if result.status == _SYNC:
+            groups.pop()
+            return groups, False
+        group.append(result)
+        if limit is not None and len(groups) - 1 == chunk_group:
+            rows += result.ntuples
+            if rows > limit:
+                return groups, True
+
+
+def _drain(pgconn: PGconn) -> PQGen[None]:
+    while True:
+        result = yield from _next_result(pgconn)
+        if result is not None and result.status == _SYNC:
+            return
+
+
+async def run_pipeline(
+    lease: Lease, commands: Sequence[Command], *, limit: int | None = None
+) -> tuple[list[list[PGresult]], bool]:
+    """Run ``commands`` in one pipeline; each command's results (its parse error first, if
+    preparing it failed), and whether the first command was cut short past ``limit`` rows
+    (then it was cancelled and the rest of its rows dropped).
+
+    Errors of the statements come back as results, not exceptions. Anything raised (a lost
+    connection, a cancelled task) marks the lease ``discard``: the connection's state is then
+    unknown.
+    """
+    conn = lease.conn
+    pgconn = conn.pgconn
+    statements = statements_of(conn)
+    parses: list[tuple[int, int, Key, bytes]] = []  # (group, command, key, name)
+    execs: list[int] = []
+    groups: list[list[PGresult]] = []
+    cut = False
+    async with conn.lock:
+        try:
+            pgconn.enter_pipeline_mode()
+            sent = 0
+            for closed in statements.closing:
+                pgconn.send_close_prepared(closed)
+                sent += 1
+            statements.closing.clear()
+            pending: dict[Key, bytes] = {}
+            for index, command in enumerate(commands):
+                key = command.key
+                name: bytes | None = statements.names.get(key)
+                if name is not None:
+                    statements.names.move_to_end(key)
+                elif _PREPARE:
+                    name = pending.get(key)
+                    if name is None:
+                        statements.serial += 1
+                        name = pending[key] = b"_corral_%d" % statements.serial
+                        pgconn.send_prepare(name, command.sql, param_types=command.types)
+                        parses.append((sent, index, key, name))
+                        sent += 1
+                if name is not None:
+                    pgconn.send_query_prepared(name, command.values, param_formats=command.formats)
+                else:
+                    pgconn.send_query_params(
+                        command.sql,
+                        command.values,
+                        param_types=command.types,
+                        param_formats=command.formats,
+                    )
+                execs.append(sent)
+                sent += 1
+            chunk_group = execs[0] if limit is not None else None
+            if chunk_group == 0:
+                _result_mode(pgconn, (limit or 0) + 1)
+            pgconn.pipeline_sync()
+            groups, cut = await conn.wait(_exchange(pgconn, chunk_group, (limit or 0) + 1, limit))
+            if cut:
+                # The rest of the rows are not wanted: stop the statement on the server.
+                with contextlib.suppress(psycopg.Error):
+                    await conn.cancel_safe(timeout=5.0)
+                await conn.wait(_drain(pgconn))
+            pgconn.exit_pipeline_mode()
+        except BaseException:
+            lease.discard = True
+            raise
+    out = [groups[g] if g < len(groups) else [] for g in execs]
+    if len(groups) > sent and out:
+        # Results after the last command's (an error at Sync): they belong to the last one.
+        out[-1] = [*out[-1], *(r for extra in groups[sent:] for r in extra)]
+    for group, index, key, name in parses:
+        results = groups[group] if group < len(groups) else []
+        if results and results[0].status == _OK:
+            statements.add(key, name)
+        elif results and results[0].status == _FATAL:
+            out[index] = [results[0], *out[index]]
+    return out, cut
+
+
+def error_in(results: Sequence[PGresult], lease: Lease) -> psycopg.Error | None:
+    """The error of a command's ``results`` (its first failed result), or None."""
+    for result in results:
+        if result.status == _FATAL:
+            return error_from_result(result, encoding=statements_of(lease.conn).encoding)
+    return None
+
+
+def first_error(
+    groups: Sequence[Sequence[PGresult]], lease: Lease
+) -> tuple[int, psycopg.Error] | None:
+    """The index of the first command that failed and its error, or None."""
+    for index, results in enumerate(groups):
+        error = error_in(results, lease)
+        if error is not None:
+            return index, error
+    return None
+
+
+def stale_plan(error: psycopg.Error, lease: Lease) -> bool:
+    """Whether a prepared statement's result shape changed under it; the connection then
+    forgets its statements."""
+    primary = error.diag.message_primary or ""
+    if error.sqlstate != "0A000" or "cached plan" not in primary:
+        return False
+    statements_of(lease.conn).forget()
+    return True
+
+
+def column_names(result: PGresult, encoding: str) -> tuple[str, ...]:
+    """The columns of ``result``, repeated names made unique (see :func:`unique_names`)."""
+    names = []
+    for i in range(result.nfields):
+        name = result.fname(i)
+        names.append(name.decode(encoding) if name is not None else "?column?")
+    return unique_names(names)
+
+
+def _load(
+    tx: Transformer, results: Sequence[PGresult], columns: tuple[str, ...], limit: int
+) -> list[dict[str, Any]]:
+    """At most ``limit`` rows of ``results``, as dicts keyed by ``columns``."""
+    rows: list[dict[str, Any]] = []
+    first = True
+
+    def row(values: Sequence[Any]) -> dict[str, Any]:
+        return dict(zip(columns, values, strict=True))
+
+    for result in results:
+        take = min(result.ntuples, limit - len(rows))
+        if take <= 0:
+            continue
+        tx.set_pgresult(result, set_loaders=first)
+        first = False
+        rows.extend(tx.load_rows(0, take, row))
+    return rows
+
+
+def described(results: Sequence[PGresult]) -> PGresult | None:
+    """The first of ``results`` that describes rows, or None (a command without rows)."""
+    for result in results:
+        if result.status in _ROWS and result.nfields:
+            return result
+    return None
+
+
+def row_count(results: Sequence[PGresult]) -> int:
+    """How many rows ``results`` hold."""
+    return sum(r.ntuples for r in results if r.status in _ROWS)
+
+
+def unique_names(names: Sequence[str]) -> tuple[str, ...]:
+    """``names``, each repeat given the first free suffix ``_2``, ``_3``, ..."""
+    if len(set(names)) == len(names):
+        return tuple(names)
+    # A repeated name gets the first free suffix, free of every name the statement gives.
+    taken = set(names)
+    seen: set[str] = set()
+    unique: list[str] = []
+    for name in names:
+        if name in seen:
+            n = 2
+            while f"{name}_{n}" in taken:
+                n += 1
+            name = f"{name}_{n}"
+            taken.add(name)
+        seen.add(name)
+        unique.append(name)
+    return tuple(unique)
+
+
+def with_text(command: Command, values: tuple[bytes, ...], types: tuple[int, ...]) -> Command:
+    """``command`` with text ``values`` of ``types`` appended to its parameters."""
+    count = len(command.types)
+    formats = list(command.formats or [pq.Format.TEXT] * count) + [pq.Format.TEXT] * len(values)
+    all_types = command.types + types
+    return Command(
+        command.sql,
+        [*(command.values or ()), *values],
+        all_types,
+        formats,
+        (command.sql, all_types),
+    )
+
+
+# Texts that PostgreSQL refused to run wrapped (a table with rules): run unwrapped at once.
+_UNWRAPPED: set[bytes] = set()
+
+
+async def rollback(lease: Lease) -> None:
+    """Roll back the lease's open transaction, if any; a connection that cannot is marked
+    ``discard``. Never raises psycopg's errors."""
+    conn = lease.conn
+    if conn.closed or conn.info.transaction_status == _IDLE:
+        return
+    if lease.discard:
+        return  # the connection is closed when it comes back, which rolls back
+    try:
+        await conn.execute("ROLLBACK")
+    except psycopg.Error:
+        lease.discard = True
+
+
+# --- values Python cannot hold ----------------------------------------------------------------
+
+# date, timestamp, timestamptz, interval: text loaders that raise DataError on values outside
+# Python's types.
+_LENIENT_OIDS = (1082, 1114, 1184, 1186)
+
+
+class _OrText(adapt.Loader):
+    """A text loader that gives PostgreSQL's own text for a value ``inner`` cannot load."""
+
+    inner: type[adapt.Loader]
+
+    def __init__(self, oid: int, context: AdaptContext | None = None) -> None:
+        super().__init__(oid, context)
+        self._loader = self.inner(oid, context)
+
+    def load(self, data: Buffer) -> Any:
+        try:
+            return self._loader.load(data)
+        except psycopg.DataError:
+            return bytes(data).decode("utf-8", "replace")
+
+
+@functools.lru_cache(maxsize=32)
+def _or_text(inner: type[adapt.Loader]) -> type[_OrText]:
+    return type(f"OrText{inner.__name__}", (_OrText,), {"inner": inner})
+
+
+@dataclass(frozen=True, slots=True)
+class _Context:
+    adapters: AdaptersMap
+    connection: Any
+
+
+def _lenient(tx: Transformer) -> Transformer:
+    """A transformer like ``tx`` whose date and time loaders fall back to text."""
+    adapters = AdaptersMap(tx.adapters)
+    for oid in _LENIENT_OIDS:
+        loader = tx.adapters.get_loader(oid, pq.Format.TEXT)
+        if loader is not None:
+            adapters.register_loader(oid, _or_text(loader))
+    return adapt.Transformer(_Context(adapters, tx.connection))
+
+
+def load_rows(
+    tx: Transformer, results: Sequence[PGresult], columns: tuple[str, ...], limit: int
+) -> list[dict[str, Any]]:
+    """At most ``limit`` rows of ``results``, as dicts keyed by ``columns``.
+
+    Loaded by ``tx``; when a value does not fit its Python type (``psycopg.DataError``) the
+    rows are loaded again with dates and times that do not fit given as text (the fast path
+    costs nothing). Raises ``psycopg.DataError`` for any other value that cannot be loaded.
+    """
+    try:
+        return _load(tx, results, columns, limit)
+    except psycopg.DataError:
+        return _load(_lenient(tx), results, columns, limit)
+
+
+def load_all(conn: psycopg.AsyncConnection[Any], result: PGresult) -> list[tuple[Any, ...]]:
+    """Every row of ``result`` as tuples, for a cursor whose own loading raised
+    ``psycopg.DataError``: dates and times that do not fit are given as text (see
+    :func:`load_rows`). Raises ``psycopg.DataError`` for any other value."""
+    tx = _lenient(adapt.Transformer(conn))
+    tx.set_pgresult(result)
+    return tx.load_rows(0, result.ntuples, tuple)
