@@ -60,7 +60,7 @@ from corral.gateway import _wire as wire
 from corral.gateway._errors import GatewayError, database_refusal, sqlstate_code
 from corral.gateway._journal import JournalName, StoredResult, encode_result
 from corral.gateway._pools import Lease
-from corral.gateway._result import GatewayResult
+from corral.gateway._result import GatewayResult, unique_names
 
 __all__ = ["KeyTaken", "Plan", "map_error", "run_read", "run_write"]
 
@@ -120,7 +120,7 @@ def _params(plan: Plan) -> Sequence[Any] | None:
 def _columns(description: Sequence[Any] | None) -> tuple[str, ...]:
     if not description:
         return ()
-    return wire.unique_names([str(column.name) for column in description])
+    return unique_names([str(column.name) for column in description])
 
 
 def _dicts(columns: tuple[str, ...], rows: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:

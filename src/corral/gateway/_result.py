@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-__all__ = ["GatewayResult", "QueryOutcome", "outcome_code"]
+__all__ = ["GatewayResult", "QueryOutcome", "outcome_code", "unique_names"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,3 +59,23 @@ def outcome_code(result: GatewayResult) -> str:
     if result.status == "replayed":
         return "replayed"
     return result.emptiness or "ok"
+
+
+def unique_names(names: Sequence[str]) -> tuple[str, ...]:
+    """``names``, each repeat given the first free suffix ``_2``, ``_3``, ..."""
+    if len(set(names)) == len(names):
+        return tuple(names)
+    # A repeated name gets the first free suffix, free of every name the statement gives.
+    taken = set(names)
+    seen: set[str] = set()
+    unique: list[str] = []
+    for name in names:
+        if name in seen:
+            n = 2
+            while f"{name}_{n}" in taken:
+                n += 1
+            name = f"{name}_{n}"
+            taken.add(name)
+        seen.add(name)
+        unique.append(name)
+    return tuple(unique)

@@ -45,7 +45,7 @@ from corral.gateway._catalog_load import load_sqlite_catalog
 from corral.gateway._errors import GatewayError, database_refusal
 from corral.gateway._journal import StoredResult, decode_result, encode_result
 from corral.gateway._ops import CompiledOperation, quote_identifier
-from corral.gateway._result import GatewayResult
+from corral.gateway._result import GatewayResult, unique_names
 from corral.gateway._sqlite_sql import (
     SqliteAnalysis,
     SqliteSqlAnalyzer,
@@ -146,18 +146,7 @@ class Journalled:
 
 
 def _columns(cursor: sqlite3.Cursor) -> tuple[str, ...]:
-    names = [str(d[0]) for d in cursor.description or ()]
-    taken, seen, unique = set(names), set(), []
-    for name in names:
-        if name in seen:
-            n = 2
-            while f"{name}_{n}" in taken:
-                n += 1
-            name = f"{name}_{n}"
-            taken.add(name)
-        seen.add(name)
-        unique.append(name)
-    return tuple(unique)
+    return unique_names([str(d[0]) for d in cursor.description or ()])
 
 
 def _hide(catalog: Catalog) -> Catalog:

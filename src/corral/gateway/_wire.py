@@ -47,6 +47,7 @@ from psycopg.pq.abc import PGconn, PGresult
 from psycopg.waiting import Wait
 
 from corral.gateway._pools import Lease
+from corral.gateway._result import unique_names
 
 __all__ = [
     "TEXT_OID",
@@ -67,7 +68,6 @@ __all__ = [
     "run_pipeline",
     "stale_plan",
     "statements_of",
-    "unique_names",
     "with_text",
 ]
 
@@ -407,26 +407,6 @@ def described(results: Sequence[PGresult]) -> PGresult | None:
 def row_count(results: Sequence[PGresult]) -> int:
     """How many rows ``results`` hold."""
     return sum(r.ntuples for r in results if r.status in _ROWS)
-
-
-def unique_names(names: Sequence[str]) -> tuple[str, ...]:
-    """``names``, each repeat given the first free suffix ``_2``, ``_3``, ..."""
-    if len(set(names)) == len(names):
-        return tuple(names)
-    # A repeated name gets the first free suffix, free of every name the statement gives.
-    taken = set(names)
-    seen: set[str] = set()
-    unique: list[str] = []
-    for name in names:
-        if name in seen:
-            n = 2
-            while f"{name}_{n}" in taken:
-                n += 1
-            name = f"{name}_{n}"
-            taken.add(name)
-        seen.add(name)
-        unique.append(name)
-    return tuple(unique)
 
 
 def with_text(command: Command, values: tuple[bytes, ...], types: tuple[int, ...]) -> Command:
