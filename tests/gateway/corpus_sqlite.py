@@ -103,6 +103,16 @@ SQLITE_ESCAPES: tuple[SqliteEscape, ...] = (
     _E('SELECT * FROM "sqlite_master"', "unknown_table", "quoted schema table"),
     _E("SELECT * FROM temp.sqlite_master", "unknown_table", "temp schema"),
     _E("SELECT count(*) FROM sqlite_master", "unknown_table", "no column named"),
+    _E(
+        "SELECT count(*) AS n FROM orders WHERE id IN (SELECT rowid FROM sqlite_master)",
+        "unknown_table",
+        "only the rowid: counts the schema's objects",
+    ),
+    _E(
+        "SELECT id FROM orders WHERE id IN (SELECT rowid FROM main.sqlite_master)",
+        "unknown_table",
+        "rowids, schema-qualified",
+    ),
     _E("SELECT name FROM pragma_table_list", "unknown_table", "table-valued pragma"),
     _E("SELECT file FROM pragma_database_list", "unknown_table", "file paths"),
     _E(f"SELECT * FROM pragma_table_info('{JOURNAL}')", "unknown_table", "journal's columns"),

@@ -446,8 +446,6 @@ class Wall:
             return self._deny(_forbidden_function(name, reason))
         table = (arg1 or "").lower()
         if action == _READ:
-            if table in _SCHEMA_TABLES and arg2 == "ROWID":
-                return _OK  # a table-valued function registering itself; see prewarm()
             if db in (None, "main") and table in self._visible:
                 if source is None or source.lower() not in self._visible:
                     self.reads[table] = None  # not a view's own reads: those are the view's
