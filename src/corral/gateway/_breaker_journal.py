@@ -270,12 +270,13 @@ class PostgresFreezeJournal:
                 dsn_or_pool,
             )
         table = sql.Identifier(schema, TABLE) if schema else sql.Identifier(TABLE)
-        self._ddl: list[sql.Composable] = []
-        if schema:
-            self._ddl.append(
-                sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema))
-            )
-        self._ddl += [
+        # Made only when missing: CREATE SCHEMA IF NOT EXISTS needs CREATE on the database
+        # even when the schema is there, which a least-privileged role does not hold.
+        self._schema = schema
+        self._schema_ddl = (
+            sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)) if schema else None
+        )
+        self._ddl: list[sql.Composable] = [
             sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} (seq bigint GENERATED ALWAYS AS IDENTITY "
                 "PRIMARY KEY, id text NOT NULL UNIQUE, agent_id text NOT NULL, kind text NOT "
@@ -336,6 +337,12 @@ class PostgresFreezeJournal:
     async def _execute_ddl(self) -> None:
         async with self._require().connection() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK_KEY,))
+            if self._schema_ddl is not None:
+                found = await conn.execute(
+                    "SELECT 1 FROM pg_namespace WHERE nspname = %s", (self._schema,)
+                )
+                if await found.fetchone() is None:
+                    await conn.execute(self._schema_ddl)
             for statement in self._ddl:
                 await conn.execute(statement)
 

@@ -138,7 +138,11 @@ async def ensure_journal(conn: AsyncConnection[Any], name: JournalName) -> None:
         row = await cur.fetchone()
         if row is not None and row[0]:
             return
-        await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_identifier(name.schema, 'sqlite')}")
+        # Only when missing: CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even
+        # when the schema is there (a least-privileged role's schema made by its owner).
+        cur = await conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", [name.schema])
+        if await cur.fetchone() is None:
+            await conn.execute(f"CREATE SCHEMA {quote_identifier(name.schema, 'sqlite')}")
         await conn.execute(
             f"""CREATE TABLE IF NOT EXISTS {name.qualified} (
                 agent_id text NOT NULL,
