@@ -536,6 +536,70 @@ ESCAPES: tuple[Escape, ...] = (
         "forbidden_function",
         "a setting read through field-selection syntax",
     ),
+    # the catalog's names, definitions and privileges
+    Escape(
+        "SELECT 'corral.gateway_journal'::regclass::oid",
+        "forbidden_function",
+        "a hidden table's existence through a regclass cast",
+    ),
+    Escape(
+        "SELECT CAST('pg_catalog.pg_authid' AS pg_catalog.regclass)",
+        "forbidden_function",
+        "CAST to regclass",
+    ),
+    Escape(
+        "SELECT r::regrole::text FROM generate_series(1, 20000) AS r",
+        "forbidden_function",
+        "every role, by casting integers to regrole",
+    ),
+    Escape(
+        'SELECT x FROM jsonb_to_record(\'{"x": "pg_authid"}\') AS t(x regclass)',
+        "forbidden_function",
+        "a regclass column in a column definition list",
+    ),
+    Escape(
+        "SELECT unnest('{pg_authid,pg_shadow}'::regclass[])",
+        "forbidden_function",
+        "an array of regclass",
+    ),
+    Escape("SELECT regclass('pg_authid')", "forbidden_function", "the regclass function"),
+    Escape("SELECT to_regclass('corral.gateway_journal')", "forbidden_function", "to_regclass"),
+    Escape(
+        "SELECT pg_get_viewdef('pg_roles')",
+        "forbidden_function",
+        "a system view's definition",
+    ),
+    Escape(
+        "SELECT pg_get_functiondef(p) FROM generate_series(1, 20000) AS p",
+        "forbidden_function",
+        "every function's source",
+    ),
+    Escape(
+        "SELECT pg_describe_object(1259, r, 0) FROM generate_series(16384, 20000) AS r",
+        "forbidden_function",
+        "every object's name, by oid",
+    ),
+    Escape(
+        "SELECT format_type(t, NULL) FROM generate_series(1, 5000) AS t",
+        "forbidden_function",
+        "every type's name, by oid",
+    ),
+    Escape(
+        "SELECT pg_stat_get_numscans(r) FROM generate_series(16384, 20000) AS r",
+        "forbidden_function",
+        "per-table statistics, hidden tables included",
+    ),
+    Escape("SELECT pg_relation_size(1260)", "forbidden_function", "a system catalog's size"),
+    Escape(
+        "SELECT has_table_privilege('corral.gateway_journal', 'SELECT')",
+        "forbidden_function",
+        "privileges on a hidden table",
+    ),
+    Escape("SELECT pg_has_role('postgres', 'MEMBER')", "forbidden_function", "role membership"),
+    Escape("SELECT obj_description(1260)", "forbidden_function", "a catalog object's comment"),
+    Escape("SELECT inet_server_addr()", "forbidden_function", "the server's address"),
+    Escape("SELECT pg_current_wal_lsn()", "forbidden_function", "the server's WAL position"),
+    Escape("SELECT pg_xact_status('1'::xid8)", "forbidden_function", "other transactions"),
     Escape(
         "EXPLAIN (ANALYZE false, ANALYZE true) DELETE FROM orders",
         "forbidden_statement",

@@ -15,9 +15,11 @@ from corral.gateway._errors import GatewayError
 from corral.gateway._gateway import Gateway
 from corral.gateway._sql import Analysis, SqlAnalyzer, _parse, analyze
 from corral.gateway._sql_functions import (
+    CATALOG_OBJECT_TYPES,
     FORBIDDEN_FUNCTION_PREFIXES,
     FORBIDDEN_FUNCTIONS,
     forbidden_function_reason,
+    forbidden_type_reason,
 )
 from corral.gateway._sql_names import Resolver, unwrap
 from corral.kernel import InvalidArgumentError
@@ -348,6 +350,120 @@ def test_forbidden_function_names_the_function_and_its_position(sql: str, functi
     position = error.details["position"]
     bare = function.rsplit(".", 1)[-1]
     assert bare in sql[position - 1 :].lower()
+
+
+@pytest.mark.parametrize("type_name", sorted(CATALOG_OBJECT_TYPES))
+@pytest.mark.parametrize(
+    "template",
+    [
+        "SELECT 'pg_authid'::{t}",
+        "SELECT CAST('x' AS {t})",
+        "SELECT CAST('x' AS pg_catalog.{t})",
+        "SELECT r::{t}::text FROM generate_series(1, 100) AS r",
+        "SELECT '{{}}'::{t}[]",
+        "SELECT '{{}}'::_{t}",
+        "SELECT {t} 'x'",
+        "SELECT x FROM jsonb_to_record('{{}}') AS t(x {t})",
+        "SELECT id FROM orders WHERE id::oid::{t} IS NOT NULL",
+        "SELECT {t}in('x'::cstring)",
+    ],
+)
+def test_casts_to_catalog_object_types_are_refused(type_name: str, template: str) -> None:
+    error = refused(template.format(t=type_name.upper() if "CAST" in template else type_name))
+    assert error.code == "forbidden_function"
+    assert type_name in error.details["function"].lower()
+    assert "catalog" in error.message
+
+
+def test_a_cast_to_a_catalog_object_type_names_the_type_and_its_position() -> None:
+    sql = "SELECT id, 'pg_authid'::regclass FROM orders"
+    error = refused(sql)
+    assert error.details["function"] == "regclass"
+    assert error.message.startswith("cast to regclass is not allowed through the gateway: ")
+    assert "casts to catalog object types are not allowed" in error.message
+    assert sql[error.details["position"] - 1 :].startswith("regclass")
+
+
+def test_types_named_like_catalog_object_types_are_allowed() -> None:
+    assert forbidden_type_reason("regexp") is None
+    assert forbidden_type_reason("regclass", "sqlite") is None
+    assert analyze("SELECT pg_typeof(id)::text FROM orders", SHOP).kind == "read"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "pg_describe_object",
+        "pg_identify_object",
+        "pg_identify_object_as_address",
+        "pg_get_object_address",
+        "format_type",
+        "pg_get_viewdef",
+        "pg_get_ruledef",
+        "pg_get_triggerdef",
+        "pg_get_constraintdef",
+        "pg_get_functiondef",
+        "pg_get_indexdef",
+        "pg_get_function_arguments",
+        "pg_get_expr",
+        "pg_get_userbyid",
+        "pg_get_serial_sequence",
+        "pg_sequence_last_value",
+        "pg_stat_get_numscans",
+        "pg_stat_get_db_xact_commit",
+        "pg_stat_get_tuples_inserted",
+        "pg_stat_get_archiver",
+        "pg_relation_size",
+        "pg_total_relation_size",
+        "pg_table_size",
+        "pg_indexes_size",
+        "pg_relation_filenode",
+        "to_regclass",
+        "to_regtype",
+        "to_regproc",
+        "to_regrole",
+        "to_regnamespace",
+        "has_table_privilege",
+        "has_schema_privilege",
+        "has_function_privilege",
+        "has_column_privilege",
+        "pg_has_role",
+        "pg_tablespace_databases",
+        "inet_server_addr",
+        "inet_server_port",
+        "inet_client_addr",
+        "inet_client_port",
+        "pg_postmaster_start_time",
+        "pg_conf_load_time",
+        "pg_walfile_name",
+        "pg_walfile_name_offset",
+        "pg_current_wal_lsn",
+        "pg_current_wal_insert_lsn",
+        "pg_last_wal_replay_lsn",
+        "pg_xact_status",
+        "pg_xact_commit_timestamp",
+        "obj_description",
+        "col_description",
+        "shobj_description",
+        "pg_partition_root",
+        "regclass",
+        "regroleout",
+        "regprocedurein",
+    ],
+)
+def test_functions_revealing_the_catalog_or_the_server_are_refused(name: str) -> None:
+    error = refused(f"SELECT pg_catalog.{name}(1) FROM orders")
+    assert error.code == "forbidden_function"
+    assert error.details["function"] == f"pg_catalog.{name}"
+    reason = forbidden_function_reason(name)
+    assert reason is not None
+    assert reason.startswith(("it reveals the database's catalog", "it exposes the database"))
+
+
+def test_harmless_neighbours_of_the_catalog_functions_are_allowed() -> None:
+    for name in ("pg_get_keywords", "pg_column_size", "regexp_replace", "regr_slope"):
+        assert forbidden_function_reason(name) is None, name
+    assert analyze("SELECT * FROM pg_get_keywords()", SHOP).kind == "read"
 
 
 def test_the_forbidden_lists_are_what_the_reason_function_applies() -> None:
@@ -975,6 +1091,10 @@ def test_writes_report_their_target_and_statement_type() -> None:
             False,
         ),
         ("SELECT (SELECT unnest(tags) LIMIT 1) FROM customers", False),  # a scalar subquery
+        # field selection may be a call: (expr).f is f(expr) when expr has no field f
+        ("SELECT (o.meta -> 'nope').jsonb_array_elements AS item FROM orders o", True),
+        ("SELECT (ARRAY[]::text[]).unnest AS t FROM orders", True),
+        ("SELECT (o).jsonb_each FROM (SELECT meta FROM orders) AS s(o)", True),
         ("SELECT id FROM orders WHERE id = 1", True),
         ("UPDATE orders o SET status = 'x' FROM customers c", True),
         ("UPDATE orders SET status = 'x'", False),
@@ -1028,6 +1148,8 @@ async def test_rows_cut_by_limits_or_set_returning_functions_are_suspiciously_em
         ("SELECT o.id, e FROM orders o, jsonb_array_elements(o.meta->'items') e", []),
         ("SELECT unnest('{}'::text[]) FROM customers", []),
         ("SELECT * FROM (SELECT * FROM orders LIMIT 0) s", []),
+        ("SELECT (o.meta -> 'nope').jsonb_array_elements AS item FROM orders o", []),
+        ("SELECT (ARRAY[]::text[]).unnest AS t FROM orders", []),
     ]
     # Analysis and the empty-answer check alone are under test: no freezes.
     async with Gateway.connect(shop_dsn, breaker=None) as gw:

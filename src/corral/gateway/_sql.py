@@ -25,7 +25,11 @@ order (the first failure wins):
     statement (select list, ``WHERE``, ``FROM``, CTEs, subqueries, casts, ``ORDER BY``, ...),
     schema-qualified or not, in any letter case. Field-selection syntax, which PostgreSQL
     turns into a call (``('/etc/passwd'::text).pg_read_file``), counts. ``current_setting``
-    only of a readable setting named by a literal. ``details``: ``function``, ``position``.
+    only of a readable setting named by a literal. A cast to a catalog object type
+    (``'pg_authid'::regclass``, ``CAST(10 AS regrole)``, a ``regclass`` column in a column
+    definition list) is refused the same way, the type in ``function``: PostgreSQL runs the
+    type's input or output function, a catalog lookup that would name hidden objects.
+    ``details``: ``function``, ``position``.
 ``unknown_table``
     A relation neither in the catalog nor a CTE in scope, named anywhere (any clause, any
     depth); system catalogs and the gateway's own schema are not in the catalog. Quoted names
@@ -60,7 +64,7 @@ from typing import Any, Literal
 
 from corral.gateway._catalog import Catalog
 from corral.gateway._errors import GatewayError
-from corral.gateway._sql_functions import forbidden_function_reason
+from corral.gateway._sql_functions import forbidden_function_reason, forbidden_type_reason
 from corral.gateway._sql_names import Node, Resolver, char_position, filtered, unwrap
 from corral.kernel._validate import instance_of, positive_int
 
@@ -425,6 +429,20 @@ class _Scan:
         if names[-1].lower() in _WRITE_FUNCTIONS:
             self.writes = True
 
+    def type_name(self, node: Node) -> None:
+        names = [n["String"].get("sval", "") for n in node.get("names", ()) if "String" in n]
+        if not names:
+            return
+        reason = forbidden_type_reason(names[-1], self.dialect)
+        if reason is not None:
+            shown = ".".join(names)
+            raise GatewayError(
+                "forbidden_function",
+                f"cast to {shown} is not allowed through the gateway: {reason}",
+                function=shown,
+                position=char_position(self.sql, node.get("location", 0)),
+            )
+
     def param(self, node: Node) -> None:
         self.param_count = max(self.param_count, int(node.get("number", 0)))
 
@@ -463,6 +481,8 @@ def _string_literal(node: Any) -> str | None:
 _SCAN_HANDLERS: dict[str, Callable[[_Scan, Any], None]] = {
     "FuncCall": _Scan.function_call,
     "A_Indirection": _Scan.indirection,
+    "typeName": _Scan.type_name,
+    "TypeName": _Scan.type_name,
     "ParamRef": _Scan.param,
     **dict.fromkeys(_WRITE_STATEMENTS, _Scan.write),
     "MergeStmt": _Scan.merge,

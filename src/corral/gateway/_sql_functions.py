@@ -11,6 +11,21 @@ and its shell are refused as well.
 ``hba_file``, ...), and custom settings (``app.jwt_secret``, an extension's key) often hold
 secrets; a list of dangerous names would miss those, and settings added by later releases,
 so only settings known to be harmless may be read.
+
+Each refusal gives one of these reasons: the function touches files on the server, uses large
+objects, reaches other servers, administers the server or its sessions, runs SQL given as a
+string, modifies table storage, maintains an index, changes lasting session state, assigns a
+transaction id, exposes the server (configuration, files, addresses, WAL, statistics, other
+sessions and their transactions), reveals the catalog (definitions, descriptions, addresses,
+sizes and privileges of objects, hidden ones included), or reads settings other than
+:data:`READABLE_SETTINGS`.
+
+Casts to the catalog object types (:data:`CATALOG_OBJECT_TYPES`: ``'pg_authid'::regclass``,
+``10::regrole``) are refused as calls too (see :func:`forbidden_type_reason`): PostgreSQL runs
+the type's input function, which looks the name up in the system catalogs (and its output
+function turns an oid into a name), so they would name and enumerate relations, types and
+roles the gateway hides. Their functions (``regclass(text)``, ``regclassin``, ...) and the
+``to_reg*`` lookups are refused by name.
 """
 
 from __future__ import annotations
@@ -25,6 +40,31 @@ _INDEXES = "it maintains an index, a change that persists even in a read-only tr
 _SESSION = "it changes session state that outlives the request"
 _XIDS = "it assigns a transaction id, which a read must not consume"
 _SERVER = "it exposes the database server's configuration, files or other sessions"
+_CATALOG = (
+    "it reveals the database's catalog (definitions, descriptions, sizes or privileges of "
+    "objects, those the gateway hides included)"
+)
+_CATALOG_TYPES = (
+    "casts to catalog object types are not allowed: they look names up in the system "
+    "catalogs, those of objects the gateway hides included"
+)
+
+# Types whose values are catalog objects named by text (input) or shown by name (output).
+CATALOG_OBJECT_TYPES = frozenset(
+    {
+        "regclass",
+        "regcollation",
+        "regconfig",
+        "regdictionary",
+        "regnamespace",
+        "regoper",
+        "regoperator",
+        "regproc",
+        "regprocedure",
+        "regrole",
+        "regtype",
+    }
+)
 
 # Settings current_setting may read (lower case; names are case-insensitive): formatting,
 # locale, version and the transaction's own state. Nothing that names a path, and no custom
@@ -138,8 +178,56 @@ FORBIDDEN_FUNCTIONS: dict[str, str] = {
             "pg_tablespace_size",
             "pg_tablespace_location",
             "pg_relation_filepath",
+            "inet_server_addr",
+            "inet_server_port",
+            "inet_client_addr",
+            "inet_client_port",
+            "pg_postmaster_start_time",
+            "pg_conf_load_time",
+            "pg_walfile_name",
+            "pg_walfile_name_offset",
+            "pg_xact_status",
+            "pg_xact_commit_timestamp",
+            "pg_xact_commit_timestamp_origin",
+            "pg_last_committed_xact",
         ),
         _SERVER,
+    ),
+    **dict.fromkeys(
+        (
+            "pg_describe_object",
+            "pg_identify_object",
+            "pg_identify_object_as_address",
+            "format_type",
+            "pg_sequence_last_value",
+            "pg_sequence_parameters",
+            "pg_relation_size",
+            "pg_total_relation_size",
+            "pg_table_size",
+            "pg_indexes_size",
+            "pg_relation_filenode",
+            "pg_filenode_relation",
+            "pg_tablespace_databases",
+            "has_any_column_privilege",
+            "has_column_privilege",
+            "has_database_privilege",
+            "has_foreign_data_wrapper_privilege",
+            "has_function_privilege",
+            "has_language_privilege",
+            "has_parameter_privilege",
+            "has_schema_privilege",
+            "has_sequence_privilege",
+            "has_server_privilege",
+            "has_table_privilege",
+            "has_tablespace_privilege",
+            "has_type_privilege",
+            "has_largeobject_privilege",
+            "pg_has_role",
+            "obj_description",
+            "col_description",
+            "shobj_description",
+        ),
+        _CATALOG,
     ),
     "current_setting": _SETTINGS,
     **dict.fromkeys(
@@ -188,7 +276,22 @@ FORBIDDEN_FUNCTION_PREFIXES: dict[str, str] = {
     "heap_force_": _STORAGE,
     "pg_stat_get_backend_": _SERVER,  # other sessions' queries, users, addresses
     "pg_control_": _SERVER,  # pg_control_checkpoint, _system, _init, _recovery
+    "pg_stat_get_": _SERVER,  # per-table, per-database and server-wide statistics
+    "pg_current_wal_": _SERVER,
+    "pg_last_wal_": _SERVER,
+    # pg_get_viewdef, _ruledef, _triggerdef, _constraintdef, _functiondef, _indexdef, _expr,
+    # _function_arguments, _serial_sequence, _userbyid, _object_address, ... (pg_get_keywords
+    # is allowed, see _ALLOWED_FUNCTIONS)
+    "pg_get_": _CATALOG,
+    "pg_partition_": _CATALOG,  # pg_partition_tree, _ancestors, _root: names of relations
+    "to_reg": _CATALOG,  # to_regclass, to_regtype, to_regproc, to_regrole, ...
+    # the catalog object types' functions: regclass(text), regclassin, regroleout, ...
+    # (regoper and regproc cover regoperator and regprocedure)
+    **dict.fromkeys(sorted(CATALOG_OBJECT_TYPES - {"regoperator", "regprocedure"}), _CATALOG),
 }
+
+# Names a prefix above would refuse that are harmless: SQL's keyword list.
+_ALLOWED_FUNCTIONS = frozenset({"pg_get_keywords"})
 
 _SQLITE_FORBIDDEN = dict.fromkeys(
     ("load_extension", "readfile", "writefile", "edit", "fts3_tokenizer"),
@@ -219,10 +322,25 @@ def forbidden_function_reason(
         return f"{reason}; not {first_literal!r}"
     if reason is None and dialect == "sqlite":
         reason = _SQLITE_FORBIDDEN.get(bare)
-    if reason is None:
+    if reason is None and bare not in _ALLOWED_FUNCTIONS:
         for prefix, why in FORBIDDEN_FUNCTION_PREFIXES.items():
             if bare.startswith(prefix):
                 return why
     if reason is None and arity is not None and _SQL_TEXT_ARITY.get(bare) == arity:
         reason = _SQL_TEXT
     return reason
+
+
+def forbidden_type_reason(name: str, dialect: str = "postgresql") -> str | None:
+    """Why a cast to (or a column of) type ``name`` is refused, or None when it is allowed.
+
+    ``name`` is matched like a function's (last part, lower case); an array type (``_regclass``,
+    or ``regclass[]`` whose name is ``regclass``) counts as its element type. Only PostgreSQL's
+    catalog object types are refused (:data:`CATALOG_OBJECT_TYPES`), on PostgreSQL only.
+    """
+    if dialect != "postgresql":
+        return None
+    bare = name.rsplit(".", 1)[-1].lower()
+    if bare.removeprefix("_") in CATALOG_OBJECT_TYPES:
+        return _CATALOG_TYPES
+    return None

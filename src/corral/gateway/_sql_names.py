@@ -729,7 +729,8 @@ def filtered(kind: str, node: Node, ctes: dict[str, tuple[str, Node]] | None = N
     of a UNION; scalar subqueries are off it. What may remove rows: a WHERE, HAVING or
     inner-join condition; INTERSECT and EXCEPT; a LIMIT or FETCH other than a positive
     constant (or ALL) and an OFFSET other than 0; a function or TABLESAMPLE in FROM; a call in
-    the select list that may be set-returning (any but aggregates and common scalars). When in
+    the select list that may be set-returning (any but aggregates and common scalars, and any
+    field selection ``(expr).f``, which may be the call ``f(expr)``). When in
     doubt, true: an empty answer then has its tables checked for rows.
     """
     ctes = {} if ctes is None else ctes
@@ -781,7 +782,11 @@ def _constant(node: Any, keeps: Callable[[int], bool]) -> bool:
 
 
 def _may_return_sets(node: Node) -> bool:
-    """A call outside FROM and subqueries that may be set-returning (see _ONE_ROW_FUNCTIONS)."""
+    """A call outside FROM and subqueries that may be set-returning (see _ONE_ROW_FUNCTIONS).
+
+    Field selection by name (``(expr).f``) counts as a call: whether it is one depends on
+    types not known here.
+    """
     stack: list[Any] = [value for key, value in node.items() if key not in _ROW_SOURCES]
     while stack:
         item = stack.pop()
@@ -798,6 +803,10 @@ def _may_return_sets(node: Node) -> bool:
                 qualified_elsewhere = len(names) > 1 and names[0] != "pg_catalog"
                 if qualified_elsewhere or not names or names[-1] not in _ONE_ROW_FUNCTIONS:
                     return True
+            if key == "A_Indirection" and _names(value.get("indirection", ())):
+                # (expr).f may be the call f(expr), which PostgreSQL resolves as one when expr
+                # has no field f: (meta -> 'k').jsonb_array_elements is set-returning.
+                return True
             if type(value) is dict or type(value) is list:
                 stack.append(value)
     return False
