@@ -455,6 +455,21 @@ async def test_a_writer_applies_what_another_appended_before_its_own(
 
 
 @pytest.mark.postgres
+async def test_refresh_brings_in_what_another_writer_committed(
+    pg_pair: tuple[PostgresStore, PostgresStore],
+) -> None:
+    a, b = pg_pair
+    await a.append([created(PARENT)])
+    await a.append([started(PARENT, 1, "go")])
+    assert b.state.last_seq == 0
+    await b.refresh()
+    assert b.state.last_seq == 2
+    assert b.state.snapshot() == a.state.snapshot()
+    await b.refresh()  # nothing new: nothing changes
+    assert b.state.snapshot() == a.state.snapshot()
+
+
+@pytest.mark.postgres
 async def test_two_writers_appending_at_once_share_one_gapless_log(
     pg_pair: tuple[PostgresStore, PostgresStore], postgres_dsn: str
 ) -> None:

@@ -261,6 +261,18 @@ class PostgresStore:
                 raise self._unavailable(exc) from exc
             return written
 
+    async def refresh(self) -> None:
+        pool = self._require()
+        async with self._lock:
+            try:
+                async with pool.connection() as conn, conn.transaction():
+                    row = await (await conn.execute(self._sql.load_counter)).fetchone()
+                    last = int(row[0]) if row is not None else 0
+                    if last != self._state.last_seq:
+                        await self._catch_up(conn, last)
+            except psycopg.OperationalError as exc:
+                raise self._unavailable(exc) from exc
+
     async def _catch_up(self, conn: psycopg.AsyncConnection[TupleRow], upto: int) -> None:
         """Apply the events other writers committed up to ``upto`` (they are durable)."""
         have = self._state.last_seq

@@ -8,6 +8,7 @@ lock. The lock is never held while a turn runs, only while a decision is written
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -32,6 +33,7 @@ from corral.daemon._errors import (
     NothingToSendError,
     ServiceClosedError,
     SpawnRefusedError,
+    StoreUnavailableError,
 )
 from corral.daemon._events import Event, NewEvent
 from corral.daemon._harness import Harness, TurnFailedError, TurnRequest, TurnResult
@@ -53,6 +55,8 @@ from corral.runtime import ExecutionTracker
 logger = logging.getLogger("corral.daemon")
 
 RESTARTED = "daemon restarted during turn"
+_RESULT_RETRY_FIRST_S = 0.25  # then doubling, up to _RESULT_RETRY_MAX_S between tries
+_RESULT_RETRY_MAX_S = 8.0
 _OUTPUT_IN_NOTICE = 500  # characters of a child's output quoted in its parent's notice
 
 
@@ -84,6 +88,10 @@ class AgentService:
     in flight (their leftover process is ended, ``agent.turn_interrupted`` is emitted, and the
     turn counts as failed, "daemon restarted during turn").
 
+    ``result_retry_s``: how long the outcome of a turn is tried again when the store is
+    unavailable (``store_unavailable``, retryable) before the agent is left running until a
+    restart settles it.
+
     ``token`` is the daemon's bearer token, when it has one: each agent's environment then
     carries ``CORRAL_TOKEN``, a token scoped to the agent and its descendants (see
     :meth:`in_scope`), next to ``CORRAL_URL``.
@@ -99,6 +107,7 @@ class AgentService:
         clock: Clock = SYSTEM_CLOCK,
         subscriber_buffer: int = 10_000,
         token: str | None = None,
+        result_retry_s: float = 60.0,
     ) -> None:
         where = "AgentService"
         v.instance_of(where, "store", store, Store)
@@ -113,6 +122,8 @@ class AgentService:
         v.instance_of(where, "clock", clock, Clock)
         v.positive_int(where, "subscriber_buffer", subscriber_buffer)
         v.non_empty_str(where, "token", token, optional=True)
+        v.non_negative_number(where, "result_retry_s", result_retry_s)
+        self._result_retry_s = result_retry_s
         self._token = token
         self.store = store
         self.home = Path(home)
@@ -489,15 +500,39 @@ class AgentService:
         except Exception as exc:  # a harness bug is a failed turn too, and is logged
             logger.exception("agent %s: harness %s raised", agent_id, spec.harness)
             error = f"harness error: {type(exc).__name__}: {exc}"
-        async with self._mutex:
-            if self._turns.get(agent_id) is not asyncio.current_task() or self._closed:
-                return  # stopped or shutting down while the turn ran: the result is dropped
-            rec = self.store.state.agents[agent_id]
-            if result is not None:
-                await self._after_turn_success(rec, turn, result)
-                return
-            assert error is not None
-            await self._after_turn_failure(rec, turn, error, usage, [])
+        # The turn's outcome is written when the store takes it: a store that blips (a
+        # dropped connection, a database restarting) is tried again, for up to
+        # ``result_retry_s``, rather than leaving the agent running until a restart.
+        delay_s, waited_s = _RESULT_RETRY_FIRST_S, 0.0
+        while True:
+            try:
+                async with self._mutex:
+                    if self._turns.get(agent_id) is not asyncio.current_task() or self._closed:
+                        return  # stopped or shutting down while the turn ran: dropped
+                    rec = self.store.state.agents[agent_id]
+                    if rec["turnInFlight"] != turn:
+                        return  # an earlier try committed, though its answer was lost
+                    if result is not None:
+                        await self._after_turn_success(rec, turn, result)
+                        return
+                    assert error is not None
+                    await self._after_turn_failure(rec, turn, error, usage, [])
+                    return
+            except StoreUnavailableError as exc:
+                if not exc.retryable or waited_s >= self._result_retry_s:
+                    raise
+                logger.warning(
+                    "agent %s: turn %d's outcome not written (%s); trying again in %g s",
+                    agent_id,
+                    turn,
+                    exc.message,
+                    delay_s,
+                )
+            await self.clock.sleep(delay_s)
+            waited_s += delay_s
+            delay_s = min(delay_s * 2, _RESULT_RETRY_MAX_S)
+            with contextlib.suppress(StoreUnavailableError):
+                await self.store.refresh()
 
     async def _after_turn_success(self, rec: Record, turn: int, result: TurnResult) -> None:
         agent_id = rec["id"]

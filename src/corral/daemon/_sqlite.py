@@ -181,6 +181,10 @@ class SQLiteStore:
             )
         return [Event(s, ts, t, a, json.loads(d)) for s, ts, t, a, d in rows]
 
+    async def refresh(self) -> None:
+        """Nothing to do: this process is the file's only writer, and a commit that fails
+        here did not happen."""
+
     async def replay(self) -> State:
         events: list[Event] = await self._run(self._read, 0, None, 2**62)
         return replay(events)

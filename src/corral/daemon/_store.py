@@ -16,7 +16,8 @@ class Store(Protocol):
     Contract, for every implementation:
     - :meth:`append` writes the events and the projection rows they change in ONE transaction
       and returns only after it has committed (durably: a ``kill -9`` right after loses
-      nothing); on any error nothing is written and ``state`` is unchanged.
+      nothing); on an error ``state`` is unchanged, and nothing is written unless the error
+      came after the commit (then :meth:`refresh`, or the next append, brings it in).
     - Sequence numbers are gapless and increasing from 1; ``ts`` is assigned by the store.
     - ``state`` is the projections as of the last committed event; treat it as read-only.
     - :meth:`replay` rebuilds projections from the log alone, without touching the stored
@@ -39,5 +40,10 @@ class Store(Protocol):
         ...
 
     async def replay(self) -> State: ...
+
+    async def refresh(self) -> None:
+        """Bring ``state`` up to the log: apply events committed by other writers, or by an
+        append whose answer was lost (a connection dropped after COMMIT). Raises the store's
+        ``StoreUnavailableError`` when the log cannot be read."""
 
     async def close(self) -> None: ...

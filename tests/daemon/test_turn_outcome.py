@@ -1,0 +1,164 @@
+"""A turn's outcome survives a store that blips while it is written: it is tried again (with
+the service's clock), an outcome that committed though its answer was lost is not written
+twice, and a store down for longer than ``result_retry_s`` leaves the agent to a restart."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from corral.daemon import AgentService, Event, SQLiteStore
+from corral.daemon import _events as ev
+from corral.daemon._errors import StoreUnavailableError
+from corral.daemon._events import NewEvent
+from corral.daemon._state import State
+from corral.runtime import FakeClock
+from tests.support.harness import ScriptedHarness, fail
+from tests.support.polling import settle
+
+OUTCOMES = {ev.TURN_COMPLETED, ev.TURN_FAILED}
+
+
+class BlippingStore:
+    """A real SQLite store whose appends of a turn's outcome fail ``fail_outcomes`` times:
+    before committing, or (``lost_answer``) after committing, as a connection dropped after
+    COMMIT would."""
+
+    def __init__(self, path: Path) -> None:
+        self.inner = SQLiteStore(path)
+        self.fail_outcomes = 0
+        self.lost_answer = False
+        self.refreshes = 0
+
+    @property
+    def state(self) -> State:
+        return self.inner.state
+
+    async def open(self) -> None:
+        await self.inner.open()
+
+    async def append(self, events: Sequence[NewEvent]) -> list[Event]:
+        if self.fail_outcomes and any(e.type in OUTCOMES for e in events):
+            self.fail_outcomes -= 1
+            if self.lost_answer:
+                await self.inner.append(events)
+            raise StoreUnavailableError("blipping store", "connection dropped (test)")
+        return await self.inner.append(events)
+
+    async def read(
+        self, after: int = 0, *, agent_id: str | None = None, limit: int = 1000
+    ) -> list[Event]:
+        return await self.inner.read(after, agent_id=agent_id, limit=limit)
+
+    async def replay(self) -> State:
+        return await self.inner.replay()
+
+    async def refresh(self) -> None:
+        self.refreshes += 1
+        await self.inner.refresh()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+class Env:
+    def __init__(
+        self,
+        store: BlippingStore,
+        service: AgentService,
+        clock: FakeClock,
+        harness: ScriptedHarness,
+    ) -> None:
+        self.store = store
+        self.service = service
+        self.clock = clock
+        self.harness = harness
+
+    async def turn(self, *outcomes: object) -> str:
+        self.harness.script("w", *outcomes)
+        result = await self.service.spawn(
+            {"name": "w", "harness": "command", "command": ["w"], "prompt": "go"}
+        )
+        agent_id = str(result.body["id"])
+        await settle(lambda: agent_id not in self.service._turns)
+        return agent_id
+
+    async def types(self, agent_id: str) -> list[str]:
+        return [e.type for e in await self.service.events(0, agent_id=agent_id)]
+
+
+async def make_env(tmp_path: Path, result_retry_s: float = 60.0) -> AsyncIterator[Env]:
+    store = BlippingStore(tmp_path / "corral.db")
+    await store.open()
+    clock = FakeClock(auto_advance=True)
+    harness = ScriptedHarness()
+    service = AgentService(
+        store,
+        home=tmp_path / "home",
+        harnesses={"command": harness},
+        clock=clock,
+        result_retry_s=result_retry_s,
+    )
+    await service.start()
+    yield Env(store, service, clock, harness)
+    await service.close()
+    await store.close()
+
+
+@pytest.fixture
+async def env(tmp_path: Path) -> AsyncIterator[Env]:
+    async for e in make_env(tmp_path):
+        yield e
+
+
+async def test_an_outcome_the_store_refused_is_written_when_it_is_back(env: Env) -> None:
+    env.store.fail_outcomes = 2
+    agent_id = await env.turn("done")
+    assert env.service.get(agent_id)["state"] == "idle"
+    assert (await env.types(agent_id)).count(ev.TURN_COMPLETED) == 1
+    assert env.clock.sleeps[-2:] == [0.25, 0.5]
+    assert env.store.refreshes == 2
+    assert (await env.store.replay()).snapshot() == env.store.state.snapshot()
+
+
+async def test_a_failed_turn_too_and_its_policy_applies_once(env: Env) -> None:
+    env.store.fail_outcomes = 1
+    agent_id = await env.turn(fail("no access"))
+    rec = env.service.get(agent_id)
+    assert (rec["state"], rec["consecutiveFailures"]) == ("failed", 1)
+    assert (await env.types(agent_id)).count(ev.TURN_FAILED) == 1
+
+
+async def test_an_outcome_committed_before_its_answer_was_lost_is_not_written_twice(
+    env: Env,
+) -> None:
+    env.store.fail_outcomes = 1
+    env.store.lost_answer = True
+    agent_id = await env.turn("done")
+    assert env.service.get(agent_id)["state"] == "idle"
+    types = await env.types(agent_id)
+    assert types.count(ev.TURN_COMPLETED) == 1
+    assert types.count(ev.STATE_CHANGED) == 1  # running -> idle, once
+    assert (await env.store.replay()).snapshot() == env.store.state.snapshot()
+
+
+async def test_a_store_down_past_the_limit_leaves_the_agent_to_a_restart(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async for env in make_env(tmp_path, result_retry_s=1.0):
+        env.store.fail_outcomes = 100
+        with caplog.at_level(logging.WARNING, logger="corral"):
+            agent_id = await env.turn("done")
+        rec = env.service.get(agent_id)
+        assert (rec["state"], rec["turnInFlight"]) == ("running", 1)
+        assert sum(env.clock.sleeps) >= 1.0
+        assert "turn 1's outcome not written" in caplog.text
+        assert "turn task failed" in caplog.text
+
+
+def test_result_retry_s_is_checked(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="result_retry_s"):
+        AgentService(SQLiteStore(tmp_path / "x.db"), home=tmp_path, harnesses={}, result_retry_s=-1)
