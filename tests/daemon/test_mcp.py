@@ -20,7 +20,8 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from corral.daemon import AgentService, SQLiteStore
-from corral.daemon._client import LocalApi
+from corral.daemon._auth import agent_token
+from corral.daemon._client import HttpApi, LocalApi
 from corral.daemon._http import create_app
 from corral.daemon._mcp import TOOLS, build_mcp_server, mcp_asgi_app, run_stdio
 from corral.kernel import InvalidArgumentError
@@ -225,6 +226,68 @@ async def test_mounted_in_the_http_api_behind_its_token(env: Env) -> None:
             Client(streamable_http_client(url + "/mcp", http_client=http)) as client,
         ):
             await supervise(client, env.state, env.harness)
+
+
+async def test_an_agent_token_reaches_through_mcp_what_it_reaches_over_http(
+    tmp_path: Path,
+) -> None:
+    store = SQLiteStore(tmp_path / "scoped.db")
+    await store.open()
+    service = AgentService(
+        store, home=tmp_path / "home", harnesses={"command": ScriptedHarness()}, token="s3cret"
+    )
+    await service.start()
+    lead = (await service.spawn({**SPEC, "name": "lead"})).body["id"]
+    child = (await service.spawn({**SPEC, "name": "child", "parent": lead})).body["id"]
+    other = (await service.spawn({**SPEC, "name": "other"})).body["id"]
+    app = create_app(service, token="s3cret")
+
+    def scoped(token: str) -> HttpApi:
+        return HttpApi("http://daemon", token=token, transport=httpx.ASGITransport(app=app))
+
+    mcp = mcp_asgi_app(LocalApi(service), scoped=scoped)
+    app.router.routes.append(Route("/mcp", endpoint=mcp.app))
+    headers = {"Authorization": f"Bearer {agent_token('s3cret', lead)}"}
+    try:
+        async with (
+            mcp.lifespan(),
+            serving(app) as url,
+            httpx2.AsyncClient(headers=headers) as http,
+            Client(streamable_http_client(url + "/mcp", http_client=http)) as client,
+        ):
+            listed = structured(await client.call_tool("agent_list"))["agents"]
+            assert sorted(a["id"] for a in listed) == sorted([lead, child])
+            status = structured(await client.call_tool("agent_status", {"agentId": child}))
+            assert status["name"] == "child"
+            refused = await client.call_tool("agent_stop", {"agentId": other})
+            assert refused.is_error
+            assert structured(refused)["error"]["code"] == "out_of_scope"
+            spawned = await client.call_tool(
+                "agent_spawn", {"spec": {**SPEC, "name": "helper", "parent": lead}}
+            )
+            assert structured(spawned)["parent"] == lead
+            root = await client.call_tool("agent_spawn", {"spec": {**SPEC, "name": "root"}})
+            assert structured(root)["error"]["code"] == "out_of_scope"
+    finally:
+        await service.close()
+        await store.close()
+
+
+async def test_without_a_scoped_api_an_agent_token_is_refused(env: Env) -> None:
+    app = create_app(env.service, token="s3cret")
+    mcp = mcp_asgi_app(env.api)
+    app.router.routes.append(Route("/mcp", endpoint=mcp.app))
+    agent = (await env.service.spawn({**SPEC, "name": "w"})).body["id"]
+    headers = {"Authorization": f"Bearer {agent_token('s3cret', agent)}"}
+    async with (
+        mcp.lifespan(),
+        serving(app) as url,
+        httpx2.AsyncClient(headers=headers) as http,
+        Client(streamable_http_client(url + "/mcp", http_client=http)) as client,
+    ):
+        refused = await client.call_tool("agent_list")
+    assert refused.is_error
+    assert structured(refused)["error"]["code"] == "out_of_scope"
 
 
 async def test_streamable_http_refuses_a_foreign_host_on_loopback(env: Env) -> None:

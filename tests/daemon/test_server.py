@@ -505,3 +505,32 @@ async def test_sigterm_shuts_down_cleanly_and_returns(tmp_path: Path) -> None:
         assert len(store.state.agents) == 1
     finally:
         await store.close()
+
+
+async def test_an_agent_token_uses_the_served_mcp_endpoint_within_its_scope(
+    tmp_path: Path,
+) -> None:
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    from corral.daemon._auth import agent_token
+
+    token = "serve-token-0123456789"
+    async with running(tmp_path, token=token) as daemon:
+        headers = {"authorization": f"Bearer {token}"}
+        async with httpx.AsyncClient(base_url=daemon.url, headers=headers) as admin:
+            lead = (await admin.post("/agents", json=WORKER)).json()["id"]
+            other = (await admin.post("/agents", json=WORKER)).json()["id"]
+        as_lead = {"Authorization": f"Bearer {agent_token(token, lead)}"}
+        async with (
+            httpx2.AsyncClient(headers=as_lead) as http,
+            Client(streamable_http_client(daemon.url + "/mcp", http_client=http)) as client,
+        ):
+            listed = await client.call_tool("agent_list")
+            refused = await client.call_tool("agent_status", {"agentId": other})
+    assert listed.structured_content is not None
+    assert [a["id"] for a in listed.structured_content["agents"]] == [lead]
+    assert refused.is_error
+    assert refused.structured_content is not None
+    assert refused.structured_content["error"]["code"] == "out_of_scope"

@@ -33,3 +33,7 @@ def agent_of_token(secret: str, presented: str) -> str | None:
     if hmac.compare_digest(presented.encode(), expected.encode()):
         return agent_id
     return None
+
+
+AGENT_SCOPE_KEY = "corral.agent"
+"""The ASGI scope key under which the HTTP gate puts the agent whose token a request carries."""

@@ -32,7 +32,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import corral
-from corral.daemon._auth import agent_of_token
+from corral.daemon._auth import AGENT_SCOPE_KEY, agent_of_token
 from corral.daemon._databases import Databases, waiting_decisions
 from corral.daemon._errors import (
     DaemonError,
@@ -220,8 +220,9 @@ def create_app(
     (401 ``unauthorized`` otherwise). An agent's own token (``CORRAL_TOKEN`` in its
     environment, see :meth:`AgentService.in_scope`) is accepted too, for that agent and its
     descendants only: it lists and reads them, prompts and stops them, spawns children under
-    them, reads their events (one agent at a time, ``?agent=``) and decisions; anything else,
-    ``/mcp`` included, is 403 ``out_of_scope``. Bodies over ``max_body_bytes`` (declared or
+    them, reads their events (one agent at a time, ``?agent=``) and decisions, and the MCP
+    tools at ``/mcp`` with the same reach (see :func:`~._mcp.build_mcp_server`); anything else
+    is 403 ``out_of_scope``. Bodies over ``max_body_bytes`` (declared or
     streamed) are refused with 413 ``body_too_large``. ``GET /events`` sends a heartbeat
     comment every ``heartbeat_s`` seconds. Raises ``InvalidArgumentError`` for bad arguments.
     """
@@ -420,7 +421,7 @@ def create_app(
 # --- helpers ------------------------------------------------------------------------------
 
 
-_PRINCIPAL = "corral.agent"  # the scope key _Gate sets for a request with an agent's token
+_PRINCIPAL = AGENT_SCOPE_KEY  # set by _Gate for a request with an agent's token
 
 
 def _principal(request: Request) -> str | None:
@@ -615,10 +616,6 @@ class _Gate:
                 if principal is None:
                     return UnauthorizedError()
                 scope[_PRINCIPAL] = principal
-                if scope["path"] == "/mcp" or scope["path"].startswith("/mcp/"):
-                    return OutOfScopeError(
-                        principal, "the MCP endpoint (run `corral mcp` with the agent's token)"
-                    )
         origin = headers.get("origin")
         if origin is not None and not self._origin_allowed(origin, headers.get("host")):
             return ForbiddenOriginError(origin)

@@ -38,10 +38,12 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp
 
+from corral.daemon._auth import AGENT_SCOPE_KEY
 from corral.daemon._client import AgentApi
-from corral.daemon._errors import InvalidSpecError
+from corral.daemon._errors import InvalidSpecError, OutOfScopeError
 from corral.daemon._spec import AgentSpec, problems_of
 from corral.kernel import CorralError
 from corral.kernel import _validate as v
@@ -380,15 +382,27 @@ def _error(error: CorralError) -> types.CallToolResult:
     )
 
 
-def build_mcp_server(api: AgentApi, *, name: str = SERVER_NAME) -> Server[Any]:
+ScopedApi = Callable[[str], AbstractAsyncContextManager[AgentApi]]
+"""``scoped(token)``: an :class:`AgentApi` that acts with an agent's bearer token (so with
+that agent's scope), for the length of one tool call."""
+
+
+def build_mcp_server(
+    api: AgentApi, *, name: str = SERVER_NAME, scoped: ScopedApi | None = None
+) -> Server[Any]:
     """A low-level MCP ``Server`` whose tools call ``api``.
 
     Any transport of the SDK can run it (``Client(server)`` connects to it in process).
     Refusals of ``api`` come back as tool errors; a tool name that does not exist is a
-    JSON-RPC ``INVALID_PARAMS`` error, as the protocol asks.
+    JSON-RPC ``INVALID_PARAMS`` error, as the protocol asks. Over HTTP, a request the daemon's
+    gate marked as an agent's (its own token) is served by ``scoped(token)`` instead, so an
+    agent reaches through MCP exactly what its token reaches over HTTP; without ``scoped``
+    such a request is refused (``out_of_scope``).
     """
     v.instance_of("build_mcp_server", "api", api, AgentApi)
     v.non_empty_str("build_mcp_server", "name", name)
+    if scoped is not None:
+        v.callable_("build_mcp_server", "scoped", scoped)
     tools = {tool.name: tool for tool in TOOLS}
     listed = [tool.definition() for tool in TOOLS]
 
@@ -410,7 +424,13 @@ def build_mcp_server(api: AgentApi, *, name: str = SERVER_NAME) -> Server[Any]:
         except pydantic.ValidationError as exc:
             return _error(InvalidSpecError(problems_of(exc), what=f"{tool.name} arguments"))
         try:
-            return _result(await tool.run(api, args))
+            token = _agent_token(ctx)
+            if token is None:
+                return _result(await tool.run(api, args))
+            if scoped is None:
+                raise OutOfScopeError(token[1], "the MCP endpoint (run `corral mcp` instead)")
+            async with scoped(token[0]) as agent_api:
+                return _result(await tool.run(agent_api, args))
         except CorralError as exc:
             return _error(exc)
         except Exception:
@@ -433,6 +453,17 @@ def build_mcp_server(api: AgentApi, *, name: str = SERVER_NAME) -> Server[Any]:
     )
 
 
+def _agent_token(ctx: ServerRequestContext[Any]) -> tuple[str, str] | None:
+    """``(token, agent id)`` when the HTTP request carries an agent's token (the gate put the
+    agent in its scope), else None."""
+    request = ctx.request
+    scope = getattr(request, "scope", None)
+    if not isinstance(scope, dict) or not isinstance(scope.get(AGENT_SCOPE_KEY), str):
+        return None
+    header = Headers(scope=scope).get("authorization", "")
+    return header.partition(" ")[2].strip(), str(scope[AGENT_SCOPE_KEY])
+
+
 class McpApp(NamedTuple):
     """The streamable HTTP endpoint: ``app`` to route at ``/mcp``, ``lifespan`` to run.
 
@@ -450,6 +481,7 @@ def mcp_asgi_app(
     host: str = "127.0.0.1",
     allowed_hosts: Sequence[str] | None = None,
     stateless: bool = True,
+    scoped: ScopedApi | None = None,
 ) -> McpApp:
     """The MCP tools over streamable HTTP as an ASGI app (see the module doc to mount it).
 
@@ -457,7 +489,8 @@ def mcp_asgi_app(
     ``Origin`` is not loopback are refused (DNS-rebinding protection); elsewhere the
     daemon's bearer token guards the endpoint and ``allowed_hosts`` (``"name:port"``,
     ``"name:*"``) may narrow it further. ``stateless`` serves each request on its own, with
-    no MCP session to keep or expire.
+    no MCP session to keep or expire. ``scoped``: see :func:`build_mcp_server` (the daemon
+    passes one that calls its own HTTP API with the agent's token).
     """
     v.instance_of("mcp_asgi_app", "api", api, AgentApi)
     v.non_empty_str("mcp_asgi_app", "host", host)
@@ -476,7 +509,9 @@ def mcp_asgi_app(
     else:
         security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
     manager = StreamableHTTPSessionManager(
-        app=build_mcp_server(api), stateless=stateless, security_settings=security
+        app=build_mcp_server(api, scoped=scoped),
+        stateless=stateless,
+        security_settings=security,
     )
     return McpApp(app=StreamableHTTPASGIApp(manager), lifespan=manager.run)
 

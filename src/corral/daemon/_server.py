@@ -17,10 +17,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import httpx
 import uvicorn
 from starlette.routing import Route
 
-from corral.daemon._client import LocalApi
+from corral.daemon._client import HttpApi, LocalApi
 from corral.daemon._databases import Databases, parse_db_option, target_kind
 from corral.daemon._dsn import parse_dsn, redacted
 from corral.daemon._errors import DaemonError
@@ -214,9 +215,15 @@ async def _run(
         heartbeat_s=config.heartbeat_s,
         databases=databases,
     )
+
     # MCP over streamable HTTP, behind the same token and body limit as every other route.
     # A Route at exactly /mcp, not a Mount: MCP clients do not follow a redirect to /mcp/.
-    mcp = mcp_asgi_app(LocalApi(service, databases), host=config.host)
+    def scoped(token: str) -> HttpApi:
+        # An agent's MCP call goes through the HTTP API in process, with the agent's token:
+        # one place decides what a token reaches.
+        return HttpApi(local_url, token=token, transport=httpx.ASGITransport(app=app))
+
+    mcp = mcp_asgi_app(LocalApi(service, databases), host=config.host, scoped=scoped)
     app.router.routes.append(Route("/mcp", endpoint=mcp.app))
     try:
         async with mcp.lifespan():
