@@ -10,6 +10,7 @@ from corral.kernel import (
     BudgetExhaustedError,
     CancellationError,
     ChatMessage,
+    CostUnknownError,
     DeadlineExceededError,
     ExecutionBudget,
     HistoryRetention,
@@ -21,8 +22,10 @@ from corral.kernel import (
 from corral.runtime import (
     AgentContext,
     Cancellation,
+    ExecutionTracker,
     FakeClock,
     InMemoryHistoryStore,
+    LLMSummarization,
     ScriptedClient,
     SlidingWindow,
 )
@@ -200,3 +203,60 @@ async def test_a_run_cancelled_before_it_starts_calls_nothing() -> None:
         await agent.run("go", meta=meta)
     assert client.requests == []
     assert contents(await store.load("s")) == ["old"]
+
+
+async def _agent_with_summaries(
+    summariser: ScriptedClient, client: ScriptedClient, budget: ExecutionBudget
+) -> tuple[Agent, str]:
+    store = InMemoryHistoryStore()
+    session = "chat-long"
+    history: list[ChatMessage] = []
+    for i in range(6):
+        history += [ChatMessage.user(f"question {i}"), ChatMessage.assistant(f"answer {i}")]
+    await store.append(session, history, retention=HistoryRetention.PERMANENT, run_id="r0")
+    context = AgentContext(
+        "bot", store, compaction=LLMSummarization(summariser, keep_last=2, trigger_messages=4)
+    )
+    return Agent(client, agent_id="bot", context=context, budget=budget), session
+
+
+async def test_a_summary_is_paid_from_the_runs_budget() -> None:
+    summariser = ScriptedClient(
+        [text("they asked six questions", prompt_tokens=50, completion_tokens=10)]
+    )
+    client = ScriptedClient([text("done", prompt_tokens=5, completion_tokens=5)])
+    agent, session = await _agent_with_summaries(
+        summariser, client, ExecutionBudget(max_tokens=1000)
+    )
+    tracker = ExecutionTracker(ExecutionBudget(max_tokens=1000))
+    await agent.run("next", meta=_meta(session), tracker=tracker)
+    assert len(summariser.requests) == 1
+    assert tracker.usage().tokens == 70  # the summary's 60 and the answer's 10
+    assert tracker.usage().turns == 1  # a summary is not a turn
+
+
+async def test_a_summary_past_the_budget_stops_the_run_before_the_model() -> None:
+    summariser = ScriptedClient([text("a long summary", prompt_tokens=50, completion_tokens=10)])
+    client = ScriptedClient([text("never sent")])
+    agent, session = await _agent_with_summaries(summariser, client, ExecutionBudget(max_tokens=40))
+    with pytest.raises(BudgetExhaustedError) as caught:
+        await agent.run("next", meta=_meta(session))
+    assert caught.value.limit == 40
+    assert client.requests == []
+
+
+async def test_a_summary_of_unknown_price_under_a_dollar_limit_is_refused() -> None:
+    summariser = ScriptedClient([text("summary", cost_usd=None)])
+    client = ScriptedClient([text("never sent")])
+    agent, session = await _agent_with_summaries(
+        summariser, client, ExecutionBudget(max_cost_usd=1.0)
+    )
+    with pytest.raises(CostUnknownError):
+        await agent.run("next", meta=_meta(session))
+    assert client.requests == []
+
+
+def _meta(session: str) -> RunMeta:
+    return RunMeta(
+        cancellation=Cancellation(), supervision=Supervision.root("bot", session_id=session)
+    )

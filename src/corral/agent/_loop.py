@@ -40,6 +40,7 @@ from corral.runtime import (
     MiddlewarePipeline,
     ModelResponseError,
 )
+from corral.runtime._compaction import compaction_tracker
 
 T = TypeVar("T")
 
@@ -169,7 +170,8 @@ class Agent:
 
         With a ``context``, the session's compacted history comes before ``history`` (a
         compaction still running when the run is cancelled or its deadline passes is
-        abandoned, like a model call; its own model calls are not counted in the budget), and
+        abandoned, like a model call, and its own model calls are paid from the run's budget,
+        tokens and dollars but not turns), and
         the run's messages (from the prompt on) are appended to the session with the
         supervision's retention, whether the run succeeds or fails (a trailing model message
         whose tool calls got no results is left out, so the history stays valid). A store
@@ -219,7 +221,14 @@ class Agent:
             if self.context is not None and supervision is not None:
                 # Compaction may call a model (summarisation): the deadline and a cancel
                 # stop it like any other call of the run.
-                window = await _race(self.context.get_prompt_window(supervision.session_id), token)
+                # Its model calls are the run's: paid from the run's budget.
+                paying = compaction_tracker.set(tracker)
+                try:
+                    window = await _race(
+                        self.context.get_prompt_window(supervision.session_id), token
+                    )
+                finally:
+                    compaction_tracker.reset(paying)
                 history = [*window, *history]
             run = _Run(self, meta, tracker, history)
             try:

@@ -16,10 +16,12 @@ import inspect
 import json
 import math
 from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from typing import TypeVar
 
-from corral.kernel import ChatMessage, InvalidArgumentError, Role
+from corral.kernel import ChatMessage, CostUnknownError, InvalidArgumentError, Role
 from corral.kernel import _validate as v
+from corral.runtime._budget import ExecutionTracker
 from corral.runtime._llm import LLMClient, ModelResponseError
 
 _T = TypeVar("_T")
@@ -203,6 +205,14 @@ class TokenTruncation:
         return _window(messages, self.keep_system, fits)
 
 
+compaction_tracker: ContextVar[ExecutionTracker | None] = ContextVar(
+    "corral_compaction_tracker", default=None
+)
+"""The budget that pays for the model calls a compaction makes. ``Agent.run`` sets it to the
+run's tracker around the compaction of its session's history; code that compacts on its own
+may set it too."""
+
+
 class LLMSummarization:
     """Past ``trigger_messages`` non-system messages, summarises all but the newest
     ``keep_last`` into one system message written by ``client``.
@@ -212,7 +222,11 @@ class LLMSummarization:
     split moves earlier when it would cut a turn, so the tail may hold more than
     ``keep_last`` messages. At or below the trigger the history comes back unchanged (a new
     list). A model error propagates as raised by the client (a ``ModelError``); a reply with
-    no text raises :class:`ModelResponseError`. ``keep_last`` must be a non-negative integer
+    no text raises :class:`ModelResponseError`. When :data:`compaction_tracker` holds a
+    tracker (an agent's run), the summary is paid from it: ``check()`` before the call (so
+    ``BudgetExhaustedError`` when nothing is left), its tokens and dollars recorded after (a
+    summary is not a turn), and ``CostUnknownError`` for a reply of unknown price under a
+    dollar limit. ``keep_last`` must be a non-negative integer
     below ``trigger_messages``, a positive integer; ``instructions`` a non-empty string.
     """
 
@@ -272,7 +286,18 @@ class LLMSummarization:
             ChatMessage.system(self.instructions),
             ChatMessage.user(_transcript(older)),
         ]
+        tracker = compaction_tracker.get()
+        if tracker is not None:
+            tracker.check()
         result = await self.client.generate(prompt)
+        if tracker is not None:
+            cost = result.cost_usd
+            tracker.record(
+                tokens=result.usage.total_tokens, cost_usd=cost if cost is not None else 0.0
+            )
+            limit = tracker.budget.max_cost_usd
+            if cost is None and limit is not None and not result.cached:
+                raise CostUnknownError(result.model, limit)
         text = (result.text or "").strip()
         if not text:
             where = str(getattr(self.client, "base_url", type(self.client).__name__))
