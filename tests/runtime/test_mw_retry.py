@@ -229,6 +229,23 @@ async def test_cancellation_during_the_wait_stops_before_the_next_attempt() -> N
     assert handler.calls == 1
 
 
+async def test_a_cancel_ends_the_wait_at_once() -> None:
+    clock = FakeClock()  # never advanced: only the cancel can end the wait
+    meta = make_meta(clock)
+    handler = Flaky(unavailable(), unavailable())
+    task = asyncio.create_task(run(Retry(wait=WaitFixed(3600), clock=clock), handler, meta))
+    for _ in range(100):
+        if clock.pending_timers:
+            break
+        await asyncio.sleep(0)
+    assert clock.pending_timers == 1
+    meta.cancellation.cancel("operator said stop")
+    with pytest.raises(CancellationError, match="operator said stop"):
+        await asyncio.wait_for(task, 5)
+    assert handler.calls == 1
+    assert clock.pending_timers == 0  # the wait's timer went with it
+
+
 async def test_stop_after_delay_counts_the_upcoming_wait() -> None:
     clock = FakeClock(auto_advance=True)
     handler = Flaky(*(unavailable(i) for i in range(5)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 from collections.abc import Callable, Iterable
@@ -12,6 +13,7 @@ from corral.kernel import (
     SYSTEM_CLOCK,
     BudgetExhaustedError,
     CancellationError,
+    CancellationToken,
     Clock,
     CorralError,
     CostUnknownError,
@@ -241,8 +243,9 @@ class Retry:
     wait is ``wait(state)``, raised to the error's ``retry_after_s`` when it carries one
     (``ModelHTTPError``, ``RateLimitedError``). The last error is re-raised, without waiting,
     when ``stop(state)`` says so or when the wait would end at or past ``ctx.meta.deadline``.
-    ``ctx.meta.check()`` runs before the wait and again before the next attempt, so a
-    cancelled or overdue run stops with ``CancellationError``.
+    ``ctx.meta.check()`` runs before the wait and again before the next attempt, and a cancel
+    ends the wait at once, so a cancelled or overdue run stops with ``CancellationError``
+    without sitting out its backoff.
 
     ``ctx.metadata["retry_attempts"]`` holds the attempts made and
     ``ctx.metadata["retry_waits_s"]`` the waits. Defaults: three attempts, exponential waits
@@ -313,11 +316,26 @@ class Retry:
                 ctx.meta.check()
             waits.append(delay)
             ctx.metadata[WAITS_KEY] = list(waits)
-            await clock.sleep(delay)
+            await _wait_unless_cancelled(clock, delay, ctx.meta.cancellation)
             ctx.meta.check()
 
     def __repr__(self) -> str:
         return f"Retry(stop={self.stop!r}, wait={self.wait!r}, stages={sorted(self.stages)})"
+
+
+async def _wait_unless_cancelled(clock: Clock, delay_s: float, token: CancellationToken) -> None:
+    """Sleep ``delay_s`` on ``clock``, or less: a cancel ends the wait at once (the caller's
+    ``check()`` then raises), so a cancelled run never sits out a long backoff."""
+    if token.is_cancelled:
+        return
+    sleeping = asyncio.ensure_future(clock.sleep(delay_s))
+    cancelled = asyncio.ensure_future(token.wait())
+    try:
+        await asyncio.wait({sleeping, cancelled}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (sleeping, cancelled):
+            task.cancel()
+        await asyncio.gather(sleeping, cancelled, return_exceptions=True)
 
 
 def _seconds(value: Any) -> float:
