@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from corral.agent._tool import Tool, ToolError, ToolFunction, UnknownToolError
 from corral.kernel import (
     SYSTEM_CLOCK,
-    CancellationToken,
     ChatMessage,
     Clock,
     CorralError,
@@ -40,6 +38,7 @@ from corral.runtime import (
     MiddlewarePipeline,
     ModelResponseError,
 )
+from corral.runtime._cancellation import race
 from corral.runtime._compaction import compaction_tracker
 
 T = TypeVar("T")
@@ -224,7 +223,7 @@ class Agent:
                 # Its model calls are the run's: paid from the run's budget.
                 paying = compaction_tracker.set(tracker)
                 try:
-                    window = await _race(
+                    window = await race(
                         self.context.get_prompt_window(supervision.session_id), token
                     )
                 finally:
@@ -326,7 +325,7 @@ class _Run:
                 tools=list(self.specs),
                 options=dict(self.agent.model_options),
             )
-            result = await _race(self.pipeline.run(chat, self._chat), self.meta.cancellation)
+            result = await race(self.pipeline.run(chat, self._chat), self.meta.cancellation)
             if not isinstance(result, ChatResult):
                 raise UsageError(
                     "the chat call produced no ChatResult (a middleware short-circuited it "
@@ -372,9 +371,7 @@ class _Run:
                 arguments=dict(arguments),
             )
             try:
-                output = str(
-                    await _race(self.pipeline.run(ctx, self._tool), self.meta.cancellation)
-                )
+                output = str(await race(self.pipeline.run(ctx, self._tool), self.meta.cancellation))
             except RunError:
                 raise  # budget, cancellation, deadline: the run ends
             except RefusalError as exc:
@@ -389,49 +386,3 @@ class _Run:
 def _iterable(where: str, name: str, value: object) -> None:
     if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
         raise InvalidArgumentError(where, name, "a sequence", value)
-
-
-async def _race(call: Coroutine[Any, Any, T], token: CancellationToken) -> T:
-    """Await ``call`` unless ``token`` is cancelled first; then abandon it and raise.
-
-    Leaves no task behind: whichever way it ends (result, error, token, or the caller's own
-    cancellation), both helper tasks have finished before it returns or raises.
-    """
-    try:
-        token.check()
-    except BaseException:
-        call.close()  # never started
-        raise
-    task = asyncio.ensure_future(call)
-    waiter = asyncio.ensure_future(token.wait())
-    try:
-        await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        await _finish(task, waiter)
-        raise
-    if task.done():
-        await _finish(waiter)
-        return task.result()
-    await _finish(task)
-    token.check()
-    raise AssertionError("unreachable: the token was cancelled")  # pragma: no cover
-
-
-async def _finish(*tasks: asyncio.Future[Any]) -> None:
-    """Cancel ``tasks`` and wait until they have ended, whatever the caller's own state."""
-    for task in tasks:
-        task.cancel()
-    pending = {t for t in tasks if not t.done()}
-    while pending:
-        try:
-            _, pending = await asyncio.wait(pending)
-        except asyncio.CancelledError:
-            # Cancelled again while cleaning up: the tasks are already cancelled; keep waiting
-            # so none outlives the call, then let the caller's cancellation through.
-            for task in pending:
-                task.cancel()
-            await asyncio.wait(pending)
-            raise
-    for task in tasks:
-        if task.done() and not task.cancelled():
-            task.exception()  # retrieved: an abandoned failure is not "never retrieved"

@@ -6,8 +6,9 @@ import asyncio
 import inspect
 import logging
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime, timedelta
+from typing import Any, TypeVar
 
 from corral.kernel import (
     SYSTEM_CLOCK,
@@ -260,3 +261,52 @@ def _start_callback(fn: Callback, awaitable: Awaitable[object]) -> None:
             )
 
     task.add_done_callback(done)
+
+
+T = TypeVar("T")
+
+
+async def race(call: Coroutine[Any, Any, T], token: CancellationToken) -> T:
+    """Await ``call`` unless ``token`` is cancelled first; then abandon it and raise.
+
+    Leaves no task behind: whichever way it ends (result, error, token, or the caller's own
+    cancellation), both helper tasks have finished before it returns or raises.
+    """
+    try:
+        token.check()
+    except BaseException:
+        call.close()  # never started
+        raise
+    task = asyncio.ensure_future(call)
+    waiter = asyncio.ensure_future(token.wait())
+    try:
+        await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        await _finish(task, waiter)
+        raise
+    if task.done():
+        await _finish(waiter)
+        return task.result()
+    await _finish(task)
+    token.check()
+    raise AssertionError("unreachable: the token was cancelled")  # pragma: no cover
+
+
+async def _finish(*tasks: asyncio.Future[Any]) -> None:
+    """Cancel ``tasks`` and wait until they have ended, whatever the caller's own state."""
+    for task in tasks:
+        task.cancel()
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        try:
+            _, pending = await asyncio.wait(pending)
+        except asyncio.CancelledError:
+            # Cancelled again while cleaning up: the tasks are already cancelled; keep waiting
+            # so none outlives the call, then let the caller's cancellation through.
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending)
+            raise
+    for task in tasks:
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: an abandoned failure is not "never retrieved"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
 import random
 from collections.abc import Callable, Iterable
@@ -13,7 +12,6 @@ from corral.kernel import (
     SYSTEM_CLOCK,
     BudgetExhaustedError,
     CancellationError,
-    CancellationToken,
     Clock,
     CorralError,
     CostUnknownError,
@@ -22,6 +20,7 @@ from corral.kernel import (
     MiddlewareTermination,
 )
 from corral.kernel import _validate as v
+from corral.runtime._cancellation import race
 from corral.runtime._middleware import CallNext, MiddlewareContext, maybe_await, stage_set
 
 ATTEMPTS_KEY = "retry_attempts"
@@ -316,26 +315,12 @@ class Retry:
                 ctx.meta.check()
             waits.append(delay)
             ctx.metadata[WAITS_KEY] = list(waits)
-            await _wait_unless_cancelled(clock, delay, ctx.meta.cancellation)
+            # A cancel ends the wait at once (race raises), not after it.
+            await race(clock.sleep(delay), ctx.meta.cancellation)
             ctx.meta.check()
 
     def __repr__(self) -> str:
         return f"Retry(stop={self.stop!r}, wait={self.wait!r}, stages={sorted(self.stages)})"
-
-
-async def _wait_unless_cancelled(clock: Clock, delay_s: float, token: CancellationToken) -> None:
-    """Sleep ``delay_s`` on ``clock``, or less: a cancel ends the wait at once (the caller's
-    ``check()`` then raises), so a cancelled run never sits out a long backoff."""
-    if token.is_cancelled:
-        return
-    sleeping = asyncio.ensure_future(clock.sleep(delay_s))
-    cancelled = asyncio.ensure_future(token.wait())
-    try:
-        await asyncio.wait({sleeping, cancelled}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in (sleeping, cancelled):
-            task.cancel()
-        await asyncio.gather(sleeping, cancelled, return_exceptions=True)
 
 
 def _seconds(value: Any) -> float:
