@@ -238,6 +238,8 @@ def test_the_token_is_not_in_the_repr() -> None:
         ({"heartbeat_s": float("inf")}, "heartbeat_s"),
         ({"max_body_bytes": 0}, "max_body_bytes"),
         ({"shutdown_timeout_s": -1}, "shutdown_timeout_s"),
+        ({"databases": {"9x": "shop.db"}}, "databases"),
+        ({"databases": {"shop": "mysql://h/db"}}, "DSN"),
     ],
 )
 def test_serve_config_refuses_bad_values(kwargs: dict[str, Any], argument: str) -> None:

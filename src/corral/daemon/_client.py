@@ -141,35 +141,32 @@ class LocalApi:
     async def decisions(self) -> list[Json]:
         return waiting_decisions(self.service, self.databases)
 
-    def _db(self) -> Databases:
-        return self.databases
-
     async def db_targets(self) -> list[Json]:
         return self.databases.targets()
 
     async def db_schema(self, target: str | None = None) -> Json:
-        return self._db().schema(target)
+        return self.databases.schema(target)
 
     async def db_query(
         self, agent_id: str, request: Mapping[str, Any], target: str | None = None
     ) -> Json:
-        return await self._db().query(target, agent_id, request)
+        return await self.databases.query(target, agent_id, request)
 
     async def db_status(self, agent_id: str, target: str | None = None) -> Json:
-        return self._db().status(target, agent_id)
+        return self.databases.status(target, agent_id)
 
     async def db_history(self, agent_id: str, target: str | None = None) -> list[Json]:
-        return await self._db().history(target, agent_id)
+        return await self.databases.history(target, agent_id)
 
     async def db_freeze(
         self, agent_id: str, reason: str, by: str | None = None, target: str | None = None
     ) -> Json:
-        return await self._db().freeze(target, agent_id, reason=reason, by=by)
+        return await self.databases.freeze(target, agent_id, reason=reason, by=by)
 
     async def db_reinstate(
         self, agent_id: str, by: str, reason: str, target: str | None = None
     ) -> Json:
-        return await self._db().reinstate(target, agent_id, by=by, reason=reason)
+        return await self.databases.reinstate(target, agent_id, by=by, reason=reason)
 
     async def events(
         self, after: int = 0, agent: str | None = None, limit: int = 1000

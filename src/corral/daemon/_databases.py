@@ -56,8 +56,7 @@ def parse_db_option(text: Any) -> tuple[str, str]:
     name, sep, dsn = text.partition("=")
     if not sep or not dsn.strip():
         raise InvalidArgumentError(where, "value", "NAME=DSN, like shop=postgresql://...", text)
-    if not _NAME.match(name):
-        raise InvalidArgumentError(where, "NAME", _NAME_RULE, name)
+    check_target_name(where, name, argument="NAME")
     return name, dsn.strip()
 
 
@@ -80,8 +79,7 @@ class Databases:
     ) -> None:
         v.instance_of("Databases", "gateways", gateways, Mapping)
         for name in gateways:
-            if not isinstance(name, str) or not _NAME.match(name):
-                raise InvalidArgumentError("Databases", "gateways", _NAME_RULE, name)
+            check_target_name("Databases", name, argument="gateways")
         v.instance_of("Databases", "service", service, (AgentService, type(None)))
         self._gateways = dict(gateways)
         self._service = service
@@ -111,8 +109,7 @@ class Databases:
         opened: dict[str, AnyGateway] = {}
         try:
             for name, dsn in targets.items():
-                if not isinstance(name, str) or not _NAME.match(name):
-                    raise InvalidArgumentError("Databases.open", "targets", _NAME_RULE, name)
+                check_target_name("Databases.open", name, argument="targets")
                 kind, where = target_kind(dsn)
                 if kind == "postgresql":
                     opened[name] = await Gateway.connect(
@@ -355,11 +352,10 @@ _CAMEL_KEYS = {
 }
 
 
-def check_target_name(where: str, name: Any) -> None:
+def check_target_name(where: str, name: Any, *, argument: str = "target") -> None:
     """A database's name as ``--db`` takes it; ``InvalidArgumentError`` otherwise."""
-    v.non_empty_str(where, "target", name)
-    if not _NAME.match(name):
-        raise InvalidArgumentError(where, "target", _NAME_RULE, name)
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise InvalidArgumentError(where, argument, _NAME_RULE, name)
 
 
 def snake_request(request: Mapping[str, Any]) -> dict[str, Any]:

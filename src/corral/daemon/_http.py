@@ -407,9 +407,7 @@ def create_app(
         )
 
     def _check(request: Request, agent_id: str) -> None:
-        principal = _principal(request)
-        if principal is not None and not service.in_scope(principal, agent_id):
-            raise OutOfScopeError(principal, f"agent {agent_id!r}")
+        check_scope(service, request, agent_id)
 
     from corral.daemon._http_gateway import add_gateway_routes  # it imports this module
 
@@ -422,6 +420,14 @@ def create_app(
 
 
 _PRINCIPAL = AGENT_SCOPE_KEY  # set by _Gate for a request with an agent's token
+
+
+def check_scope(service: AgentService, request: Request, agent_id: str) -> None:
+    """Refuse (403 ``out_of_scope``) a request with an agent's token for an agent outside
+    that agent's subtree."""
+    principal = _principal(request)
+    if principal is not None and not service.in_scope(principal, agent_id):
+        raise OutOfScopeError(principal, f"agent {agent_id!r}")
 
 
 def _principal(request: Request) -> str | None:

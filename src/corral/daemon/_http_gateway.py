@@ -38,6 +38,7 @@ from corral.daemon._http import (
     _model,
     _principal,
     _request_body,
+    check_scope,
 )
 from corral.daemon._service import AgentService
 
@@ -90,11 +91,6 @@ def add_gateway_routes(app: FastAPI, service: AgentService, databases: Databases
     """Route the gateway's endpoints (see the module docstring) to ``databases``."""
     app.state.body_models = (*getattr(app.state, "body_models", ()), *_BODIES)
 
-    def in_scope(request: Request, agent_id: str) -> None:
-        principal = _principal(request)
-        if principal is not None and not service.in_scope(principal, agent_id):
-            raise OutOfScopeError(principal, f"agent {agent_id!r}")
-
     @app.get("/gateway", summary="The databases the daemon fronts", responses=_errors(401))
     async def targets() -> JSONResponse:
         return JSONResponse({"targets": databases.targets()})
@@ -144,7 +140,7 @@ def add_gateway_routes(app: FastAPI, service: AgentService, databases: Databases
         responses=_errors(400, 401, 403, 404),
     )
     async def status(target: str, agent_id: str, request: Request) -> JSONResponse:
-        in_scope(request, agent_id)
+        check_scope(service, request, agent_id)
         return JSONResponse(databases.status(target, agent_id))
 
     @app.get(
@@ -153,7 +149,7 @@ def add_gateway_routes(app: FastAPI, service: AgentService, databases: Databases
         responses=_errors(400, 401, 403, 404),
     )
     async def history(target: str, agent_id: str, request: Request) -> JSONResponse:
-        in_scope(request, agent_id)
+        check_scope(service, request, agent_id)
         return JSONResponse({"history": await databases.history(target, agent_id)})
 
     @app.post(
@@ -163,7 +159,7 @@ def add_gateway_routes(app: FastAPI, service: AgentService, databases: Databases
         openapi_extra=_request_body(FreezeBody, required=True),
     )
     async def freeze(target: str, agent_id: str, request: Request) -> JSONResponse:
-        in_scope(request, agent_id)
+        check_scope(service, request, agent_id)
         body = _model(FreezeBody, await _body(request) or b"{}", "freeze body")
         by = body.by
         principal = _principal(request)

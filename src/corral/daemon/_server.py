@@ -22,7 +22,7 @@ import uvicorn
 from starlette.routing import Route
 
 from corral.daemon._client import HttpApi, LocalApi
-from corral.daemon._databases import Databases, parse_db_option, target_kind
+from corral.daemon._databases import Databases, check_target_name, target_kind
 from corral.daemon._dsn import parse_dsn, redacted
 from corral.daemon._errors import DaemonError
 from corral.daemon._harness import Harness
@@ -127,7 +127,7 @@ class ServeConfig:
         v.positive_number(where, "shutdown_timeout_s", self.shutdown_timeout_s)
         v.instance_of(where, "databases", self.databases, Mapping)
         for name, dsn in self.databases.items():
-            parse_db_option(f"{name}={dsn}" if isinstance(name, str) else name)
+            check_target_name(where, name, argument="databases")
             target_kind(dsn)
         object.__setattr__(self, "databases", dict(self.databases))
         v.positive_int(where, "db_pool_size", self.db_pool_size)
