@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import random
-import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +16,7 @@ from corral.gateway._journal import StoredResult, encode_result, fingerprint
 from corral.gateway._plan import plan_request
 from corral.runtime import FakeClock
 from tests.gateway.crash_worker import AGENT as CRASH_AGENT
-from tests.gateway.crash_worker import insert
+from tests.gateway.crash_worker import insert, kill_at_random_points
 from tests.gateway.gateway_support import AGENT, fetch, refund, refused, shop_dsn
 from tests.support.polling import settle
 
@@ -170,44 +166,7 @@ async def _raises(task: asyncio.Task[Any]) -> GatewayError:
 @pytest.mark.postgres
 async def test_writes_killed_at_random_points_apply_exactly_once(shop_dsn: str) -> None:
     count, seed = 200, 5
-    rng = random.Random(seed)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "src")])}
-    kills = 0
-    finished = False
-    for _ in range(6):
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "tests.gateway.crash_worker",
-            shop_dsn,
-            str(count),
-            "4",
-            cwd=REPO,
-            env=env,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        assert proc.stdout is not None
-        target = rng.randint(5, 40)
-        done = 0
-        try:
-            while done < target:
-                line = (await asyncio.wait_for(proc.stdout.readline(), 15)).decode()
-                assert line, f"worker exited early (seed {seed})"
-                if line.startswith("finished"):
-                    finished = True
-                    break
-                done += line.startswith("done ")
-            if not finished:
-                # A random moment inside the next writes: mid-claim, mid-write or mid-commit.
-                await asyncio.sleep(rng.uniform(0, 0.004))
-                proc.send_signal(signal.SIGKILL)
-                kills += 1
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-            await proc.wait()
-        if finished:
-            break
+    kills = await kill_at_random_points("postgresql", shop_dsn, count, seed)
     assert kills >= 4
 
     # A fresh gateway retries every write with its key.

@@ -3,12 +3,7 @@ journal (in the target, in the write's own transaction) agrees with the data exa
 
 from __future__ import annotations
 
-import asyncio
-import os
-import random
-import signal
 import sqlite3
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +13,7 @@ from corral.gateway import GatewayError, SQLiteGateway
 from corral.gateway._sqlite_engine import JOURNAL_TABLE
 from corral.runtime import FakeClock
 from tests.gateway.corpus import shop_sqlite_file
-from tests.gateway.crash_worker_sqlite import AGENT, insert
+from tests.gateway.crash_worker import AGENT, insert, kill_at_random_points
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,50 +31,13 @@ async def test_writes_killed_at_random_points_apply_exactly_once(
     tmp_path: Path, journal_mode: str
 ) -> None:
     count, seed = 200, 11
-    rng = random.Random(seed)
     shop = shop_sqlite_file(tmp_path)
     conn = sqlite3.connect(shop)
     conn.execute(f"PRAGMA journal_mode={journal_mode}")
     conn.execute("CREATE TABLE crash_writes (n INTEGER NOT NULL)")
     conn.commit()
     conn.close()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "src")])}
-    kills = 0
-    finished = False
-    for _ in range(6):
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "tests.gateway.crash_worker_sqlite",
-            str(shop),
-            str(count),
-            "4",
-            cwd=REPO,
-            env=env,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        assert proc.stdout is not None
-        target = rng.randint(5, 40)
-        done = 0
-        try:
-            while done < target:
-                line = (await asyncio.wait_for(proc.stdout.readline(), 15)).decode()
-                assert line, f"worker exited early (seed {seed})"
-                if line.startswith("finished"):
-                    finished = True
-                    break
-                done += line.startswith("done ")
-            if not finished:
-                # A random moment inside the next writes: before, during or after a commit.
-                await asyncio.sleep(rng.uniform(0, 0.004))
-                proc.send_signal(signal.SIGKILL)
-                kills += 1
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-            await proc.wait()
-        if finished:
-            break
+    kills = await kill_at_random_points("sqlite", str(shop), count, seed)
     assert kills >= 4
 
     # What the kills left: the data and the journal agree exactly (one transaction each).
