@@ -25,30 +25,6 @@ from corral.runtime._llm import (
     ToolSpec,
     Usage,
 )
-from corral.runtime._middleware import (
-    CallNext,
-    Middleware,
-    MiddlewareContext,
-    MiddlewarePipeline,
-)
-from corral.runtime._mw_audit import Audit, AuditEvent
-from corral.runtime._mw_budget import BudgetAccounting
-from corral.runtime._mw_cache import ChatCache
-from corral.runtime._mw_cancel import CancellationCheck
-from corral.runtime._mw_guard import ToolGuard
-from corral.runtime._mw_pii import PIIRedaction
-from corral.runtime._mw_ratelimit import TenantRateLimit
-from corral.runtime._mw_retry import (
-    Retry,
-    RetryState,
-    StopAfterAttempt,
-    StopAfterDelay,
-    StopStrategy,
-    WaitExponential,
-    WaitFixed,
-    WaitStrategy,
-    is_transient,
-)
 from corral.runtime._openai import ModelPrice, OpenAIClient
 from corral.runtime._scripted import ScriptedClient, ScriptedRequest, ScriptExhaustedError
 from corral.runtime._spawn import (
@@ -58,6 +34,29 @@ from corral.runtime._spawn import (
     SpawnSnapshot,
     SpawnTracker,
     TrackedAgent,
+)
+from corral.runtime.middleware import (
+    Audit,
+    AuditEvent,
+    BudgetAccounting,
+    CallNext,
+    CancellationCheck,
+    ChatCache,
+    Middleware,
+    MiddlewareContext,
+    MiddlewarePipeline,
+    PIIRedaction,
+    Retry,
+    RetryState,
+    StopAfterAttempt,
+    StopAfterDelay,
+    StopStrategy,
+    TenantRateLimit,
+    ToolGuard,
+    WaitExponential,
+    WaitFixed,
+    WaitStrategy,
+    is_transient,
 )
 
 __all__ = [

@@ -18,7 +18,7 @@ from corral.runtime import (
     ToolSpec,
     Usage,
 )
-from corral.runtime._mw_cache import request_key
+from corral.runtime.middleware._cache import request_key
 
 
 def make_meta(clock: FakeClock) -> RunMeta:
@@ -168,7 +168,7 @@ def test_the_key_is_stable_and_ignores_option_order() -> None:
     script = (
         "from corral.kernel import ChatMessage, ToolCall\n"
         "from corral.runtime import ToolSpec\n"
-        "from corral.runtime._mw_cache import request_key\n"
+        "from corral.runtime.middleware._cache import request_key\n"
         "m = [ChatMessage.user('hi'), ChatMessage.assistant(None, "
         "(ToolCall(id='1', name='f', arguments={'a': 2, 'b': 1}),))]\n"
         "t = [ToolSpec(name='f', parameters={'properties': {}, 'type': 'object'})]\n"

@@ -12,7 +12,7 @@ from typing import Any
 from corral.kernel import SYSTEM_CLOCK, ChatMessage, Clock, MiddlewareStage
 from corral.kernel import _validate as v
 from corral.runtime._llm import ChatResult, ToolSpec, Usage
-from corral.runtime._middleware import CallNext, MiddlewareContext
+from corral.runtime.middleware._pipeline import CallNext, MiddlewareContext
 
 METADATA_KEY = "cache_hit"
 

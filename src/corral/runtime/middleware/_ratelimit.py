@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from corral.kernel import SYSTEM_CLOCK, Clock, MiddlewareStage, RateLimitedError
 from corral.kernel import _validate as v
-from corral.runtime._middleware import CallNext, MiddlewareContext, stage_set
+from corral.runtime.middleware._pipeline import CallNext, MiddlewareContext, stage_set
 
 DEFAULT_TENANT = "default"
 

@@ -21,7 +21,7 @@ from corral.kernel import (
 )
 from corral.kernel import _validate as v
 from corral.runtime._cancellation import race
-from corral.runtime._middleware import CallNext, MiddlewareContext, maybe_await, stage_set
+from corral.runtime.middleware._pipeline import CallNext, MiddlewareContext, maybe_await, stage_set
 
 ATTEMPTS_KEY = "retry_attempts"
 WAITS_KEY = "retry_waits_s"

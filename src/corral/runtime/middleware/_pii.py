@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from corral.kernel import ChatMessage, InvalidArgumentError, MiddlewareStage, ToolCall
-from corral.runtime._middleware import CallNext, MiddlewareContext
+from corral.runtime.middleware._pipeline import CallNext, MiddlewareContext
 
 PII_KINDS: tuple[str, ...] = ("email", "credit_card", "ssn", "ipv4", "phone")
 """The built-in kinds, in the order they are applied."""

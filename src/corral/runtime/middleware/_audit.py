@@ -11,7 +11,7 @@ from typing import Any, Literal
 from corral.kernel import SYSTEM_CLOCK, Clock, CorralError, InvalidArgumentError, MiddlewareStage
 from corral.kernel import _validate as v
 from corral.runtime._llm import ChatResult
-from corral.runtime._middleware import CallNext, MiddlewareContext, maybe_await
+from corral.runtime.middleware._pipeline import CallNext, MiddlewareContext, maybe_await
 
 logger = logging.getLogger("corral.runtime.audit")
 

@@ -8,7 +8,7 @@ from corral.kernel import BudgetExhaustedError, CostUnknownError, MiddlewareStag
 from corral.kernel import _validate as v
 from corral.runtime._budget import ExecutionTracker
 from corral.runtime._llm import ChatResult
-from corral.runtime._middleware import CallNext, MiddlewareContext
+from corral.runtime.middleware._pipeline import CallNext, MiddlewareContext
 
 
 class BudgetAccounting:

@@ -6,7 +6,7 @@ import json
 
 from corral.kernel import ActionCheck, MiddlewareStage, ToolRefused
 from corral.kernel import _validate as v
-from corral.runtime._middleware import CallNext, MiddlewareContext, maybe_await
+from corral.runtime.middleware._pipeline import CallNext, MiddlewareContext, maybe_await
 
 
 class ToolGuard:

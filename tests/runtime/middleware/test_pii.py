@@ -11,7 +11,7 @@ from corral.runtime import (
     MiddlewarePipeline,
     PIIRedaction,
 )
-from corral.runtime._mw_pii import luhn_valid
+from corral.runtime.middleware._pii import luhn_valid
 
 
 def make_meta() -> RunMeta:

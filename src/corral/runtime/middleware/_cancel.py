@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from corral.runtime._middleware import CallNext, MiddlewareContext
+from corral.runtime.middleware._pipeline import CallNext, MiddlewareContext
 
 
 class CancellationCheck:
