@@ -1,9 +1,8 @@
 """corral.resilience: keep one failing or greedy agent from taking the others down.
 
-``FailureIsolator`` (a circuit breaker per agent, with degradation strategies),
-``TokenBudget`` (token use per agent against allocations and a global budget) and
-``run_sandboxed`` (one agent task under a timeout, optionally in a child process held to a
-memory limit).
+``FailureIsolator`` (a circuit breaker per agent, with degradation strategies), ``TokenBudget``
+(token use per agent against allocations and a global budget) and ``run_sandboxed`` (one agent
+task under a timeout, optionally in a child process held to a memory limit).
 """
 
 from corral.resilience._isolator import (

@@ -1,9 +1,7 @@
 """Process isolation for sandboxed runs: the child's side and the parent's watch over it.
 
-The child limits its own address space (``RLIMIT_AS``), runs the agent, and sends one message
-back through a pipe. The parent waits for that message on the event loop (no thread sits in a
-blocking wait), kills the child's process group at the timeout or on cancellation, and always
-reaps the child before returning.
+The child caps its own memory, runs the agent and sends one message back through a pipe; the
+parent waits on the event loop, kills the child's process group and always reaps it.
 """
 
 from __future__ import annotations

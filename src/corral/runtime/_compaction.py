@@ -1,13 +1,7 @@
 """Compaction strategies: sliding window, token truncation, LLM summarisation.
 
-Each implements :class:`corral.kernel.CompactionStrategy`. Shared rules:
-
-- the input list is never mutated; a new list comes back, in the original order;
-- system messages are kept (unless ``keep_system=False`` where offered);
-- an assistant message with tool calls and the tool results that follow it are one *turn*:
-  a window takes the whole turn or none of it, and never starts with a tool message whose
-  call was cut off. The newest turn is always kept whole, even when it alone is larger than
-  the limit: a window without the latest exchange would be worse than a long one.
+Each implements ``corral.kernel.CompactionStrategy`` and keeps an assistant message with tool
+calls and the tool results after it together as one turn (docs/runtime.md has the rules).
 """
 
 from __future__ import annotations
