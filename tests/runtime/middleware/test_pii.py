@@ -11,7 +11,6 @@ from corral.runtime import (
     MiddlewarePipeline,
     PIIRedaction,
 )
-from corral.runtime.middleware._pii import luhn_valid
 
 
 def make_meta() -> RunMeta:
@@ -59,11 +58,25 @@ def test_lookalikes_are_left_alone(text: str) -> None:
     assert PIIRedaction().redact(text) == (text, {})
 
 
-def test_luhn() -> None:
-    assert luhn_valid("4111111111111111")
-    assert luhn_valid("378282246310005")
-    assert not luhn_valid("4111111111111112")
-    assert not luhn_valid("1234567890123")
+@pytest.mark.parametrize(
+    ("number", "luhn_valid"),
+    [
+        ("4111111111111111", True),
+        ("378282246310005", True),
+        ("4111111111111112", False),
+        ("1234567890123", False),
+    ],
+)
+def test_a_card_number_is_redacted_only_when_its_luhn_checksum_holds(
+    number: str, luhn_valid: bool
+) -> None:
+    redacted, counts = PIIRedaction(kinds=["credit_card"]).redact(f"card {number} here")
+    if luhn_valid:
+        assert redacted == "card [REDACTED:credit_card] here"
+        assert counts == {"credit_card": 1}
+    else:
+        assert redacted == f"card {number} here"
+        assert counts == {}
 
 
 def test_counts_add_up_per_kind() -> None:
