@@ -15,8 +15,8 @@ from psycopg import sql
 
 from corral.daemon import Event, NewEvent, SQLiteStore, Store, StoreUnavailableError, http_status
 from corral.daemon import _events as ev
-from corral.daemon._postgres import PostgresStore
 from corral.daemon._state import ReplayError
+from corral.daemon.stores import PostgresStore
 from corral.kernel import InvalidArgumentError, UsageError
 from corral.runtime import FakeClock
 

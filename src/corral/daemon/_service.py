@@ -36,11 +36,11 @@ from corral.daemon._errors import (
     StoreUnavailableError,
 )
 from corral.daemon._events import Event, NewEvent
-from corral.daemon._harness import Harness, TurnFailedError, TurnRequest, TurnResult
 from corral.daemon._policy import BUDGET_EXHAUSTED, after_failure
 from corral.daemon._spec import AgentSpec, parse_spec
 from corral.daemon._state import ENDED_STATES, LIVE_STATES, Record, add_usage
-from corral.daemon._store import Store
+from corral.daemon.harnesses import Harness, TurnFailedError, TurnRequest, TurnResult
+from corral.daemon.stores import Store
 from corral.kernel import (
     SYSTEM_CLOCK,
     BudgetExhaustedError,
