@@ -13,34 +13,29 @@ import logging
 import secrets
 import shutil
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from corral.daemon import _budget, _commands, _notices
+from corral.daemon import _admission, _commands, _decisions, _notices, _queries, _turns
 from corral.daemon import _events as ev
-from corral.daemon._auth import agent_token
 from corral.daemon._commands import CommandResult
 from corral.daemon._errors import (
     AgentBudgetExhaustedError,
     AgentBusyError,
     AgentNotFoundError,
     AgentNotLiveError,
-    InvalidSpecError,
     NothingToSendError,
     ServiceClosedError,
-    SpawnRefusedError,
     StoreUnavailableError,
 )
 from corral.daemon._events import Event, NewEvent
 from corral.daemon._feed import EventFeed
-from corral.daemon._policy import BUDGET_EXHAUSTED, after_failure
 from corral.daemon._records import AgentRecord, TurnUsage
 from corral.daemon._spec import AgentSpec, parse_spec
-from corral.daemon._state import ENDED_STATES, LIVE_STATES, preview
-from corral.daemon.harnesses import Harness, TurnFailedError, TurnRequest, TurnResult
+from corral.daemon._state import ENDED_STATES, preview
+from corral.daemon.harnesses import Harness, TurnResult
 from corral.daemon.stores import Store
-from corral.kernel import SYSTEM_CLOCK, BudgetExhaustedError, Clock, InvalidArgumentError, new_id
+from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError, new_id
 from corral.kernel import _validate as v
 
 __all__ = ["AgentService", "CommandResult"]
@@ -182,18 +177,7 @@ class AgentService:
     def in_scope(self, principal: str, agent_id: str) -> bool:
         """Whether ``agent_id`` is ``principal`` or one of its descendants (an unknown id is
         in no one's scope)."""
-        agents = self.store.state.agents
-        current: str | None = agent_id
-        seen: set[str] = set()
-        while current is not None and current not in seen:
-            rec = agents.get(current)
-            if rec is None:
-                return False
-            if current == principal:
-                return True
-            seen.add(current)
-            current = rec["parent"]
-        return False
+        return _queries.in_scope(self.store.state, principal, agent_id)
 
     def inbox(self, agent_id: str) -> list[Json]:
         self._record(agent_id)
@@ -201,23 +185,7 @@ class AgentService:
 
     def decisions(self) -> list[Json]:
         """Everything waiting on a person: blocked agents, oldest first."""
-        waiting = [
-            {
-                "kind": "agent_blocked",
-                "agentId": rec["id"],
-                "name": rec["name"],
-                "reason": rec["reason"],
-                "error": rec["error"],
-                "since": rec["updatedAt"],
-                "resolve": {
-                    "prompt": f"POST /agents/{rec['id']}/prompt",
-                    "stop": f"POST /agents/{rec['id']}/stop",
-                },
-            }
-            for rec in self.store.state.agents.values()
-            if rec["state"] == "blocked"
-        ]
-        return sorted(waiting, key=lambda d: str(d["since"]))
+        return _queries.blocked(self.store.state)
 
     def resolutions(self) -> list[Json]:
         return [dict(r) for r in self.store.state.resolutions.values()]
@@ -249,22 +217,19 @@ class AgentService:
             if replayed is not None:
                 return replayed
             self._refuse_if_closed("spawn")
-            parent = self._parent_of(spec)
+            state = self.store.state
+            parent = _admission.parent_of(state, spec, self.harnesses)
             run_id = parent["runId"] if parent else new_id()
-            max_agents = self._max_agents(run_id, spec)
-            live = sum(
-                1
-                for a in self.store.state.agents.values()
-                if a["runId"] == run_id and a["state"] in LIVE_STATES
-            )
-            if live >= max_agents:
-                raise SpawnRefusedError(run_id, max_agents, live)
+            _admission.check_headcount(state, run_id, spec, self._spec)
             agent_id = self._new_agent_id()
             now = self.clock.now()
-            rec = self._new_record(agent_id, spec, parent, run_id, now.isoformat())
+            workdir = str(self._workdir(agent_id))
+            rec = _admission.new_record(
+                agent_id, spec, parent, run_id, workdir, now.isoformat(), starts=bool(spec.prompt)
+            )
             # A first turn that the budget leaves no room for (maxTurns 0, deadlineS 0, ...)
             # does not start: the agent is created held, as a prompt would leave it.
-            exhausted = self._exhausted(rec, spec, now) if spec.prompt else None
+            exhausted = _decisions.exhausted(rec, spec, now) if spec.prompt else None
             starts = bool(spec.prompt) and exhausted is None
             if not starts:
                 rec["state"] = "idle"
@@ -272,8 +237,8 @@ class AgentService:
             if starts and spec.prompt:
                 events.append(ev.turn_started(agent_id, 1, spec.prompt, retry=False, notices=[]))
             elif exhausted is not None:
-                events += self._budget_hold(rec, exhausted)
-            created = preview(self.store.state, events, now.isoformat()).get_agent(agent_id)
+                events += _decisions.budget_hold(state, rec, exhausted)
+            created = preview(state, events, now.isoformat()).get_agent(agent_id)
             assert created is not None
             self._workdir(agent_id).mkdir(parents=True, exist_ok=True)
             self._state_dir(agent_id).mkdir(parents=True, exist_ok=True)
@@ -313,11 +278,11 @@ class AgentService:
             prompt = text if text else rec["lastPrompt"]
             if not prompt:
                 raise NothingToSendError(agent_id)
-            exhausted = self._exhausted(rec, self._spec(agent_id), self.clock.now())
+            exhausted = _decisions.exhausted(rec, self._spec(agent_id), self.clock.now())
             if exhausted is not None:
                 # The turn would pass the budget: it does not start. An idle agent is held.
                 if rec["state"] == "idle":
-                    await self._commit(self._budget_hold(rec, exhausted))
+                    await self._commit(_decisions.budget_hold(self.store.state, rec, exhausted))
                 raise AgentBudgetExhaustedError(agent_id, exhausted)
             events: list[NewEvent] = []
             if rec["state"] == "blocked":
@@ -361,10 +326,10 @@ class AgentService:
             if rec["state"] == "blocked":
                 events.append(ev.agent_resolved(rec, "stop", by, why))
             events.append(ev.stopped(agent_id, rec["state"], by))
-            events += self._drop_pending(agent_id)
+            events += _decisions.drop_pending(self.store.state, agent_id)
             result = CommandResult(202, {"id": agent_id, "accepted": "stop"})
             await self._commit(events, idempotency_key, command, result)
-        shutil.rmtree(self.home / "agents" / agent_id / "work", ignore_errors=True)
+        shutil.rmtree(self._workdir(agent_id), ignore_errors=True)
         return result
 
     async def record_gateway_freeze(self, target: str, freeze: Json) -> None:
@@ -428,33 +393,10 @@ class AgentService:
     async def _run_turn(self, agent_id: str, turn: int, prompt: str) -> None:
         rec = self.store.state.agents[agent_id]
         spec = self._spec(agent_id)
-        age = _budget.age_s(rec["createdAt"], self.clock.now())
-        remaining = _budget.remaining(spec.budget.to_budget(), rec["usage"], age)
-        timeout_s = spec.turn_timeout_s
-        if remaining.deadline_s is not None:
-            # A turn may not outlive the agent's deadline: it is cut short (a failed turn).
-            timeout_s = max(0.001, min(timeout_s, remaining.deadline_s))
-        request = TurnRequest(
-            agent_id=agent_id,
-            turn=turn,
-            prompt=prompt,
-            spec=spec,
-            workdir=self._workdir(agent_id),
-            state_dir=self._state_dir(agent_id),
-            env=self._agent_env(rec),
-            timeout_s=timeout_s,
-            remaining=remaining,
-        )
-        error: str | None = None
-        usage: dict[str, Any] | None = None
-        result: TurnResult | None = None
-        try:
-            result = await self.harnesses[spec.harness].run_turn(request)
-        except TurnFailedError as exc:
-            error, usage = exc.message, exc.usage
-        except Exception as exc:  # a harness bug is a failed turn too, and is logged
-            logger.exception("agent %s: harness %s raised", agent_id, spec.harness)
-            error = f"harness error: {type(exc).__name__}: {exc}"
+        env = _turns.agent_env(rec, self.url, self._token)
+        now = self.clock.now()
+        turn_request = _turns.request(rec, spec, turn, prompt, now, home=self.home, env=env)
+        outcome = await _turns.run(self.harnesses[spec.harness], turn_request)
         # The turn's outcome is written when the store takes it: a store that blips (a
         # dropped connection, a database restarting) is tried again, for up to
         # ``result_retry_s``, rather than leaving the agent running until a restart.
@@ -467,11 +409,11 @@ class AgentService:
                     rec = self.store.state.agents[agent_id]
                     if rec["turnInFlight"] != turn:
                         return  # an earlier try committed, though its answer was lost
-                    if result is not None:
-                        await self._after_turn_success(rec, turn, result)
+                    if outcome.result is not None:
+                        await self._after_turn_success(rec, turn, outcome.result)
                         return
-                    assert error is not None
-                    await self._after_turn_failure(rec, turn, error, usage, [])
+                    assert outcome.error is not None
+                    await self._after_turn_failure(rec, turn, outcome.error, outcome.usage, [])
                     return
             except StoreUnavailableError as exc:
                 if not exc.retryable or waited_s >= self._result_retry_s:
@@ -490,16 +432,10 @@ class AgentService:
                 await self.store.refresh()
 
     async def _after_turn_success(self, rec: AgentRecord, turn: int, result: TurnResult) -> None:
-        agent_id = rec["id"]
         usage: TurnUsage = {"tokens": result.tokens, "costUsd": result.cost_usd}
-        events = [
-            ev.turn_completed(agent_id, turn, result.output, usage),
-            ev.turn_done(agent_id),
-            *_notices.on_turn(
-                self.store.state, rec, self._spec(agent_id), "done", output=result.output
-            ),
-        ]
-        await self._commit(events)
+        spec = self._spec(rec["id"])
+        state = self.store.state
+        await self._commit(_decisions.turn_succeeded(state, rec, spec, turn, result.output, usage))
 
     async def _after_turn_failure(
         self,
@@ -507,69 +443,17 @@ class AgentService:
         turn: int,
         error: str,
         usage: Mapping[str, Any] | None,
-        events: list[NewEvent],
+        before: list[NewEvent],
     ) -> None:
-        """Write the failed turn and what the policy makes of it; start a retry if it says so.
-
-        Call with the mutex held.
-        """
-        agent_id = rec["id"]
-        spec = self._spec(agent_id)
-        failures = rec["consecutiveFailures"] + 1
-        events = [*events, ev.turn_failed(agent_id, turn, error, failures, usage)]
-        now = self.clock.now()
-        # The policy and the budget judge the agent as the failed turn leaves it.
-        after = preview(self.store.state, events, now.isoformat()).get_agent(agent_id)
-        assert after is not None
-        decision = after_failure(after, spec, failures)
-        if decision.action == "retry":
-            exhausted = self._exhausted(after, spec, now)
-            if exhausted is not None:
-                await self._commit(events + self._budget_hold(after, exhausted))
-                return
-            assert rec["lastPrompt"] is not None
-            next_turn = turn + 1
-            events.append(
-                ev.turn_started(agent_id, next_turn, rec["lastPrompt"], retry=True, notices=[])
-            )
-            await self._commit(events)
-            self._launch(agent_id, next_turn, _notices.resend_text(self.store.state, rec))
-            return
-        if decision.action == "hold":
-            assert decision.reason is not None
-            events += self._hold(after, decision.reason, error)
-        else:
-            events.append(ev.failed(agent_id, error))
-            events += _notices.on_turn(self.store.state, after, spec, "failed", error=error)
-            # An ended agent reads no more notices: the ones waiting for it are dropped.
-            events += self._drop_pending(agent_id)
+        """Write the failed turn (after ``before``) and what the policy makes of it; start a
+        retry if it says so. Call with the mutex held."""
+        spec = self._spec(rec["id"])
+        events, retry = _decisions.turn_failed(
+            self.store.state, rec, spec, turn, error, usage, self.clock.now(), before=before
+        )
         await self._commit(events)
-
-    # --- decisions --------------------------------------------------------------------------
-
-    def _hold(
-        self, rec: AgentRecord, reason: str, error: str | None, *, dimension: str | None = None
-    ) -> list[NewEvent]:
-        """Hold the agent in blocked: state change, supervision needed, notice to the parent."""
-        events = ev.held(rec["id"], rec["state"], reason, error, dimension=dimension)
-        if rec["parent"] is not None:
-            state = self.store.state
-            events.append(_notices.to_parent(state, rec, "supervision", reason=reason, error=error))
-        return events
-
-    def _budget_hold(self, rec: AgentRecord, exhausted: BudgetExhaustedError) -> list[NewEvent]:
-        """Events holding the agent because its budget leaves no room for a turn."""
-        return self._hold(rec, BUDGET_EXHAUSTED, exhausted.message, dimension=exhausted.dimension)
-
-    def _exhausted(
-        self, rec: AgentRecord, spec: AgentSpec, now: datetime
-    ) -> BudgetExhaustedError | None:
-        age = _budget.age_s(rec["createdAt"], now)
-        return _budget.exhausted(spec.budget.to_budget(), rec["usage"], age)
-
-    def _drop_pending(self, agent_id: str) -> list[NewEvent]:
-        pending = [n["id"] for n in _notices.pending(self.store.state, agent_id)]
-        return [ev.notices_dropped(agent_id, pending)] if pending else []
+        if retry is not None:
+            self._launch(rec["id"], retry, _notices.resend_text(self.store.state, rec))
 
     async def _commit(
         self,
@@ -623,67 +507,6 @@ class AgentService:
             self._specs[agent_id] = spec
         return spec
 
-    def _parent_of(self, spec: AgentSpec) -> AgentRecord | None:
-        """The new agent's parent; :class:`InvalidSpecError` if it cannot have children, or
-        if the spec's harness is not available here."""
-        parent = self.store.state.agents.get(spec.parent) if spec.parent else None
-        if spec.parent is not None:
-            if parent is None:
-                raise InvalidSpecError(
-                    [{"field": "parent", "message": f"no agent with id {spec.parent!r}"}]
-                )
-            if parent["state"] in ENDED_STATES:
-                message = f"agent {spec.parent!r} has ended ({parent['state']})"
-                raise InvalidSpecError([{"field": "parent", "message": message}])
-        if spec.harness not in self.harnesses:
-            raise InvalidSpecError(
-                [{"field": "harness", "message": f"harness {spec.harness!r} is not available"}]
-            )
-        return parent
-
-    def _new_record(
-        self,
-        agent_id: str,
-        spec: AgentSpec,
-        parent: AgentRecord | None,
-        run_id: str,
-        now: str,
-    ) -> AgentRecord:
-        """The record ``agent.created`` carries (the reducer then applies what follows)."""
-        return {
-            "id": agent_id,
-            "name": spec.name,
-            "spec": spec.to_json(),
-            "state": "running" if spec.prompt else "idle",
-            "reason": "spawned",
-            "error": None,
-            "parent": spec.parent,
-            "runId": run_id,
-            "rootId": parent["rootId"] if parent else agent_id,
-            "children": [],
-            "turns": 0,
-            "turnInFlight": None,
-            "consecutiveFailures": 0,
-            "retriesUsed": 0,
-            "lastPrompt": None,
-            "lastNotices": [],
-            "lastOutput": None,
-            "lastError": None,
-            "usage": {"tokens": 0, "costUsd": 0.0, "turns": 0, "unpricedTurns": 0},
-            "workdir": str(self._workdir(agent_id)),
-            "createdAt": now,
-            "updatedAt": now,
-        }
-
-    def _max_agents(self, run_id: str, spec: AgentSpec) -> int:
-        if spec.parent is None:
-            return spec.spawn_budget.max_agents if spec.spawn_budget else 50
-        for rec in self.store.state.agents.values():
-            if rec["runId"] == run_id and rec["parent"] is None:
-                root = self._spec(rec["id"])
-                return root.spawn_budget.max_agents if root.spawn_budget else 50
-        return 50
-
     def _new_agent_id(self) -> str:
         while True:
             candidate = "a_" + secrets.token_hex(4)
@@ -691,20 +514,7 @@ class AgentService:
                 return candidate
 
     def _workdir(self, agent_id: str) -> Path:
-        return self.home / "agents" / agent_id / "work"
+        return _turns.workdir(self.home, agent_id)
 
     def _state_dir(self, agent_id: str) -> Path:
-        return self.home / "agents" / agent_id / "state"
-
-    def _agent_env(self, rec: AgentRecord) -> dict[str, str]:
-        env = {
-            "CORRAL_AGENT_ID": rec["id"],
-            "CORRAL_AGENT_NAME": rec["name"],
-            "CORRAL_RUN_ID": rec["runId"],
-            "CORRAL_URL": self.url,
-        }
-        if rec["parent"] is not None:
-            env["CORRAL_PARENT_ID"] = rec["parent"]
-        if self._token is not None:
-            env["CORRAL_TOKEN"] = agent_token(self._token, rec["id"])
-        return env
+        return _turns.state_dir(self.home, agent_id)
