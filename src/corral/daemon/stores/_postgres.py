@@ -1,25 +1,7 @@
 """``PostgresStore``: the store that several daemons can share (psycopg 3, async pool).
 
-Layout: the same tables as the SQLite store (``events``, ``agents``, ``notices``,
-``resolutions``, ``commands``; JSON in ``json`` columns) plus ``event_counter``, one row
-holding the last sequence number handed out.
-
-Sequence numbers: an append bumps the counter row first, in its own transaction
-(``UPDATE ... SET last_seq = last_seq + n RETURNING last_seq``). The row lock serialises
-appenders across processes until they commit, so events commit in ``seq`` order, and a
-rolled-back append gives its numbers back: the log stays gapless. When the counter shows
-events that another writer appended since this process last looked, the append first reads
-those and applies them to ``state`` (they are committed, so they are kept even if the append
-itself then fails), and only then applies its own.
-
-Errors: a ``psycopg.OperationalError`` (the server cannot be reached, the connection dropped,
-a serialisation failure or deadlock, a pool timeout) becomes :class:`StoreUnavailableError`
-(``store_unavailable``, retryable, HTTP 503) with the psycopg error as ``__cause__``. Every
-other error (a reducer ``ReplayError``, a ``psycopg.DataError``, ...) propagates as it is:
-retrying would not help. In every case nothing is written and ``state`` holds no part of the
-failed append. If the connection drops while COMMIT is in flight the outcome is unknown to
-the caller; if it did commit, the next append finds those events through the counter and
-applies them, so ``state`` never diverges from the log.
+How it numbers events across processes and what its errors mean: "Seed 001" in
+docs/architecture.md.
 """
 
 from __future__ import annotations
