@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Container
 
+from corral.daemon._budget import NOTHING_SPENT
 from corral.daemon._errors import InvalidSpecError, SpawnRefusedError
 from corral.daemon._records import AgentRecord
 from corral.daemon._spec import AgentSpec
@@ -85,7 +86,7 @@ def new_record(
         "lastNotices": [],
         "lastOutput": None,
         "lastError": None,
-        "usage": {"tokens": 0, "costUsd": 0.0, "turns": 0, "unpricedTurns": 0},
+        "usage": NOTHING_SPENT.copy(),
         "workdir": workdir,
         "createdAt": now,
         "updatedAt": now,

@@ -12,6 +12,9 @@ from corral.daemon._records import Usage
 from corral.kernel import BudgetExhaustedError, ExecutionBudget
 from corral.runtime import ExecutionTracker
 
+# What a new agent has spent (read-only).
+NOTHING_SPENT: Usage = {"tokens": 0, "costUsd": 0.0, "turns": 0, "unpricedTurns": 0}
+
 
 def age_s(created_at: str, now: datetime) -> float:
     """Seconds since the agent was created (ISO-8601 ``createdAt``), across restarts."""

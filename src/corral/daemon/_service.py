@@ -16,8 +16,9 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from corral.daemon import _admission, _commands, _decisions, _notices, _queries, _turns
+from corral.daemon import _admission, _budget, _commands, _decisions, _notices, _queries, _turns
 from corral.daemon import _events as ev
+from corral.daemon._budget import NOTHING_SPENT
 from corral.daemon._commands import CommandResult
 from corral.daemon._errors import (
     AgentBudgetExhaustedError,
@@ -223,16 +224,15 @@ class AgentService:
             _admission.check_headcount(state, run_id, spec, self._spec)
             agent_id = self._new_agent_id()
             now = self.clock.now()
-            workdir = str(self._workdir(agent_id))
-            rec = _admission.new_record(
-                agent_id, spec, parent, run_id, workdir, now.isoformat(), starts=bool(spec.prompt)
-            )
             # A first turn that the budget leaves no room for (maxTurns 0, deadlineS 0, ...)
             # does not start: the agent is created held, as a prompt would leave it.
-            exhausted = _decisions.exhausted(rec, spec, now) if spec.prompt else None
+            budget = spec.budget.to_budget()
+            exhausted = _budget.exhausted(budget, NOTHING_SPENT, 0.0) if spec.prompt else None
             starts = bool(spec.prompt) and exhausted is None
-            if not starts:
-                rec["state"] = "idle"
+            workdir = str(self._workdir(agent_id))
+            rec = _admission.new_record(
+                agent_id, spec, parent, run_id, workdir, now.isoformat(), starts=starts
+            )
             events = [ev.agent_created(rec)]
             if starts and spec.prompt:
                 events.append(ev.turn_started(agent_id, 1, spec.prompt, retry=False, notices=[]))
