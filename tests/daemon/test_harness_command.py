@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from corral.daemon._harness import Harness, TurnFailedError, TurnRequest
-from corral.daemon._harness_command import PID_FILE, CommandHarness
+from corral.daemon import CommandHarness, Harness, TurnFailedError, TurnRequest
 from corral.daemon._spec import parse_spec
+from corral.daemon.harnesses._command import PID_FILE
 from corral.kernel import InvalidArgumentError
 from tests.support.polling import settle
 

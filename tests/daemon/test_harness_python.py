@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from corral.daemon._harness import Harness, TurnFailedError, TurnRequest
-from corral.daemon._harness_python import PythonHarness, TurnContext
+from corral.daemon import Harness, PythonHarness, TurnContext, TurnFailedError, TurnRequest
 from corral.daemon._spec import parse_spec
 from corral.kernel import InvalidArgumentError
 from tests.daemon.workers import py_funcs

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from corral.daemon import (
     Event,
     IdempotencyConflictError,
     InvalidSpecError,
+    NewEvent,
     NothingToSendError,
     ServiceClosedError,
     SpawnRefusedError,
@@ -27,6 +29,7 @@ from corral.daemon import (
     TurnResult,
     http_status,
 )
+from tests.daemon.conftest import MakeService, OpenSQLite
 from tests.support.harness import ScriptedHarness, fail
 from tests.support.polling import idle, settle
 
@@ -56,7 +59,8 @@ class Env:
         await settle(
             lambda: self.state(agent_id) in states and agent_id not in self.harness.running
         )
-        await settle(lambda: agent_id not in self.service._turns)
+        async with asyncio.timeout(BOUND_S):
+            await self.service.settled(agent_id)
         return self.service.get(agent_id)
 
     async def events(self, agent_id: str | None = None) -> list[Event]:
@@ -70,15 +74,8 @@ class Env:
 
 
 @pytest.fixture
-async def env(tmp_path: Path) -> AsyncIterator[Env]:
-    store = SQLiteStore(tmp_path / "corral.db")
-    await store.open()
-    harness = ScriptedHarness()
-    service = AgentService(store, home=tmp_path / "home", harnesses={"command": harness})
-    await service.start()
-    yield Env(store, service, harness)
-    await service.close()
-    await store.close()
+def env(sqlite_store: SQLiteStore, service: AgentService, harness: ScriptedHarness) -> Env:
+    return Env(sqlite_store, service, harness)
 
 
 async def test_spawn_with_prompt_runs_a_turn_and_goes_idle(env: Env) -> None:
@@ -377,14 +374,13 @@ async def test_invalid_specs_list_every_problem_and_create_nothing(env: Env) -> 
     assert env.store.state.last_seq == before
 
 
-async def test_restart_settles_a_turn_left_in_flight(tmp_path: Path) -> None:
-    store = SQLiteStore(tmp_path / "c.db")
-    await store.open()
-    harness = ScriptedHarness()
+async def test_restart_settles_a_turn_left_in_flight(
+    open_sqlite: OpenSQLite, make_service: MakeService, harness: ScriptedHarness
+) -> None:
+    store = await open_sqlite()
     harness.script("failing", "hang")
     harness.script("retrying", "hang", "second time lucky")
-    service = AgentService(store, home=tmp_path, harnesses={"command": harness})
-    await service.start()
+    service = await make_service(store)
     spec: dict[str, Any] = {"harness": "command", "command": ["x"], "prompt": "go"}
     a = (await service.spawn({**spec, "name": "failing"})).body["id"]
     b = (
@@ -395,11 +391,9 @@ async def test_restart_settles_a_turn_left_in_flight(tmp_path: Path) -> None:
     await service.close()  # like a crash: nothing is written for the turns in flight
     await store.close()
 
-    store = SQLiteStore(tmp_path / "c.db")
-    await store.open()
+    store = await open_sqlite()
     assert store.state.agents[a]["turnInFlight"] == 1
-    service = AgentService(store, home=tmp_path, harnesses={"command": harness})
-    await service.start()
+    service = await make_service(store)
     assert sorted(harness.reaped) == sorted([a, b])
     env = Env(store, service, harness)
     rec = await env.until(a, "failed")
@@ -412,8 +406,6 @@ async def test_restart_settles_a_turn_left_in_flight(tmp_path: Path) -> None:
     seqs = [e.seq for e in await env.events()]
     assert seqs == list(range(1, len(seqs) + 1))
     await env.assert_replay_matches()
-    await service.close()
-    await store.close()
 
 
 async def test_subscribers_catch_up_then_follow_live_without_gaps(env: Env) -> None:
@@ -585,14 +577,11 @@ async def test_a_retry_resends_the_notices_that_went_in_front_of_the_failed_prom
 
 
 async def test_pending_notices_survive_a_restart_and_go_in_front_of_the_next_prompt(
-    tmp_path: Path,
+    open_sqlite: OpenSQLite, make_service: MakeService
 ) -> None:
     async def open_env(harness: ScriptedHarness) -> Env:
-        store = SQLiteStore(tmp_path / "c.db")
-        await store.open()
-        service = AgentService(store, home=tmp_path / "home", harnesses={"command": harness})
-        await service.start()
-        return Env(store, service, harness)
+        store = await open_sqlite()
+        return Env(store, await make_service(store, harness=harness), harness)
 
     env = await open_env(ScriptedHarness())
     parent = await env.spawn(name="boss")
@@ -603,28 +592,52 @@ async def test_pending_notices_survive_a_restart_and_go_in_front_of_the_next_pro
     await env.store.close()
 
     env = await open_env(ScriptedHarness())
-    try:
-        notices = env.service.inbox(parent)
-        assert [(n["kind"], n["state"]) for n in notices] == [("supervision", "pending")]
-        await env.service.prompt(parent, "status?")
-        await env.until(parent, "idle")
-        (sent,) = env.harness.prompts(parent)
-        assert f"w ({child}) is blocked (ask) and needs a decision: no key" in sent
-        assert sent.endswith("\n\nstatus?")
-        assert [n["state"] for n in env.service.inbox(parent)] == ["delivered"]
-    finally:
-        await env.service.close()
-        await env.store.close()
+    notices = env.service.inbox(parent)
+    assert [(n["kind"], n["state"]) for n in notices] == [("supervision", "pending")]
+    await env.service.prompt(parent, "status?")
+    await env.until(parent, "idle")
+    (sent,) = env.harness.prompts(parent)
+    assert f"w ({child}) is blocked (ask) and needs a decision: no key" in sent
+    assert sent.endswith("\n\nstatus?")
+    assert [n["state"] for n in env.service.inbox(parent)] == ["delivered"]
 
 
 # --- races -------------------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def lock_held(env: Env) -> AsyncIterator[None]:
+    """The service's lock held as a command holds it: a spawn whose write waits until the
+    block ends. Commands and turn outcomes that come meanwhile queue behind it, in order."""
+    gate = asyncio.Event()
+    writing = asyncio.Event()
+    append = env.store.append
+
+    async def waiting_append(events: Sequence[NewEvent]) -> list[Event]:
+        writing.set()
+        await gate.wait()
+        return await append(events)
+
+    env.store.append = waiting_append  # type: ignore[method-assign]
+    holder = asyncio.create_task(
+        env.service.spawn({"name": "holder", "harness": "command", "command": ["x"]})
+    )
+    async with asyncio.timeout(BOUND_S):
+        await writing.wait()
+    env.store.append = append  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        gate.set()
+        async with asyncio.timeout(BOUND_S):
+            await holder
 
 
 async def test_stop_wins_over_a_finished_turn_waiting_to_be_written(env: Env) -> None:
     env.harness.script("w", "hang")
     agent_id = await env.spawn(name="w", prompt="go")
     await settle(lambda: agent_id in env.harness.running)
-    async with env.service._mutex:
+    async with lock_held(env):
         stopping = asyncio.create_task(env.service.stop(agent_id, by="ops"))
         await idle()  # the stop now waits for the lock
         env.harness.release("w")
@@ -638,8 +651,8 @@ async def test_stop_wins_over_a_finished_turn_waiting_to_be_written(env: Env) ->
     types = await env.types(agent_id)
     assert "agent.turn_completed" not in types
     assert types[-2:] == ["agent.turn_interrupted", "agent.state_changed"]
-    await idle()
-    assert env.service._turns == {}
+    async with asyncio.timeout(BOUND_S):
+        await env.service.settled()
     await env.assert_replay_matches()
 
 
@@ -693,11 +706,28 @@ async def test_a_prompt_and_a_stop_at_once_leave_the_agent_stopped(env: Env, fir
     await idle()
     rec = env.service.get(agent_id)
     assert (rec["state"], rec["turnInFlight"]) == ("stopped", None)
-    assert env.service._turns == {}
+    async with asyncio.timeout(BOUND_S):
+        await env.service.settled()
     types = await env.types(agent_id)
     assert types[-1] == "agent.state_changed"
     assert "agent.turn_completed" not in types
     await env.assert_replay_matches()
+
+
+async def test_settled_waits_for_the_turn_and_the_retry_it_starts(env: Env) -> None:
+    env.harness.script("w", fail("flaky"), "hang")
+    agent_id = await env.spawn(name="w", prompt="go", onFailure="retry", maxRetries=1)
+    settling = asyncio.create_task(env.service.settled(agent_id))
+    await settle(lambda: len(env.harness.requests) == 2 and agent_id in env.harness.running)
+    assert not settling.done()
+    other = await env.spawn(name="v")  # nothing in flight: settled at once
+    async with asyncio.timeout(BOUND_S):
+        await env.service.settled(other)
+    env.harness.release("w")
+    async with asyncio.timeout(BOUND_S):
+        await settling
+    rec = env.service.get(agent_id)  # the outcome is committed by then
+    assert (rec["state"], rec["turnInFlight"], rec["turns"]) == ("idle", None, 2)
 
 
 # --- closing -----------------------------------------------------------------------------------
@@ -729,7 +759,7 @@ async def test_commands_after_close_are_refused_and_write_nothing(env: Env) -> N
 
 async def test_a_command_that_waited_for_the_lock_during_close_is_refused(env: Env) -> None:
     agent_id = await env.spawn(name="w")
-    async with env.service._mutex:
+    async with lock_held(env):
         prompting = asyncio.create_task(env.service.prompt(agent_id, "go"))
         await idle()  # the prompt now waits for the lock
         await env.service.close()
@@ -746,24 +776,23 @@ async def test_a_subscription_made_after_close_ends_after_the_log(env: Env) -> N
     async with asyncio.timeout(BOUND_S):
         seen = [e.seq async for e in env.service.subscribe(after=0)]
     assert seen == [1]
-    assert env.service._subscribers == set()
+    assert env.service.subscriptions == 0
 
 
 async def test_close_ends_live_subscriptions_and_cancels_turns(env: Env) -> None:
     env.harness.script("w", "hang")
     agent_id = await env.spawn(name="w", prompt="go")
     await settle(lambda: agent_id in env.harness.running)
-    task = env.service._turns[agent_id]
     stream = env.service.subscribe()
     reading = asyncio.create_task(anext(stream, None))
     await idle()
     await env.service.close()
     async with asyncio.timeout(BOUND_S):
         assert await reading is None
-    assert task.done()
+    async with asyncio.timeout(BOUND_S):
+        await env.service.settled()
     assert env.harness.cancelled == [agent_id]
-    assert env.service._turns == {}
-    assert env.service._subscribers == set()
+    assert env.service.subscriptions == 0
     # nothing is written for the turn: the next start settles it as interrupted
     assert env.service.get(agent_id)["turnInFlight"] == 1
 

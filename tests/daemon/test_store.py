@@ -7,16 +7,25 @@ import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import pytest
 from psycopg import sql
 
-from corral.daemon import Event, NewEvent, SQLiteStore, Store, StoreUnavailableError, http_status
+from corral.daemon import (
+    Event,
+    NewEvent,
+    SQLiteStore,
+    State,
+    Store,
+    StoreUnavailableError,
+    http_status,
+)
 from corral.daemon import _events as ev
-from corral.daemon._postgres import PostgresStore
-from corral.daemon._state import ReplayError
+from corral.daemon._records import AgentRecord, TurnUsage
+from corral.daemon._state import ReplayError, preview
+from corral.daemon.stores import PostgresStore
 from corral.kernel import InvalidArgumentError, UsageError
 from corral.runtime import FakeClock
 
@@ -284,6 +293,33 @@ async def test_reopen_restores_the_state_and_continues_the_seq(
     assert seqs(more) == [len(written) + 1]
     assert seqs(await again.read()) == list(range(1, len(written) + 2))
     assert (await again.replay()).snapshot() == again.state.snapshot()
+
+
+def test_the_event_constructors_write_the_shapes_the_log_has_always_held() -> None:
+    rec = agent_record(CHILD, parent=PARENT)
+    assert ev.agent_created(cast(AgentRecord, rec)) == created(CHILD, parent=PARENT)
+    assert ev.turn_started(CHILD, 2, "go", retry=True, notices=[4]) == started(
+        CHILD, 2, "go", retry=True, notices=[4]
+    )
+    usage: TurnUsage = {"tokens": 7, "costUsd": 0.5}
+    assert ev.turn_completed(CHILD, 1, "out", usage) == completed(CHILD, 1, "out", 7, 0.5)
+    assert ev.turn_failed(CHILD, 1, "exit 1", 2, None) == failed(CHILD, 1, "exit 1", 2)
+    assert ev.failed(CHILD, "exit 1") == changed(
+        CHILD, "running", "failed", "turn-failed", "exit 1"
+    )
+    sender = cast(AgentRecord, agent_record(CHILD))
+    assert ev.notice(PARENT, sender, "done", "pending") == notice(PARENT, CHILD, "done")
+
+
+def test_preview_shows_what_events_would_make_and_leaves_the_state_alone() -> None:
+    state = State()
+    ts = "2026-01-01T00:00:05+00:00"
+    tx = preview(state, [created(PARENT), started(PARENT, 1, "go")], ts)
+    rec = tx.get_agent(PARENT)
+    assert rec is not None
+    assert (rec["turnInFlight"], rec["lastPrompt"], rec["updatedAt"]) == (1, "go", ts)
+    assert tx.last_seq == 2
+    assert (state.agents, state.last_seq) == ({}, 0)
 
 
 async def test_an_event_the_reducer_rejects_writes_nothing(backend: Backend, store: Store) -> None:

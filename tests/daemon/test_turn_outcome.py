@@ -4,22 +4,29 @@ twice, and a store down for longer than ``result_retry_s`` leaves the agent to a
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
-from corral.daemon import AgentService, Event, SQLiteStore
+from corral.daemon import (
+    AgentService,
+    Event,
+    NewEvent,
+    SQLiteStore,
+    State,
+    StoreUnavailableError,
+)
 from corral.daemon import _events as ev
-from corral.daemon._errors import StoreUnavailableError
-from corral.daemon._events import NewEvent
-from corral.daemon._state import State
 from corral.runtime import FakeClock
+from tests.daemon.conftest import MakeService
 from tests.support.harness import ScriptedHarness, fail
-from tests.support.polling import settle
 
 OUTCOMES = {ev.TURN_COMPLETED, ev.TURN_FAILED}
+BOUND_S = 10.0  # bound on a wait that must not hang
 
 
 class BlippingStore:
@@ -83,35 +90,40 @@ class Env:
             {"name": "w", "harness": "command", "command": ["w"], "prompt": "go"}
         )
         agent_id = str(result.body["id"])
-        await settle(lambda: agent_id not in self.service._turns)
+        async with asyncio.timeout(BOUND_S):
+            await self.service.settled(agent_id)
         return agent_id
 
     async def types(self, agent_id: str) -> list[str]:
         return [e.type for e in await self.service.events(0, agent_id=agent_id)]
 
 
-async def make_env(tmp_path: Path, result_retry_s: float = 60.0) -> AsyncIterator[Env]:
-    store = BlippingStore(tmp_path / "corral.db")
-    await store.open()
-    clock = FakeClock(auto_advance=True)
-    harness = ScriptedHarness()
-    service = AgentService(
-        store,
-        home=tmp_path / "home",
-        harnesses={"command": harness},
-        clock=clock,
-        result_retry_s=result_retry_s,
-    )
-    await service.start()
-    yield Env(store, service, clock, harness)
-    await service.close()
-    await store.close()
+class MakeEnv(Protocol):
+    async def __call__(self, result_retry_s: float = 60.0) -> Env: ...
 
 
 @pytest.fixture
-async def env(tmp_path: Path) -> AsyncIterator[Env]:
-    async for e in make_env(tmp_path):
-        yield e
+async def make_env(
+    tmp_path: Path, make_service: MakeService, harness: ScriptedHarness
+) -> AsyncIterator[MakeEnv]:
+    stores: list[BlippingStore] = []
+
+    async def make(result_retry_s: float = 60.0) -> Env:
+        store = BlippingStore(tmp_path / "corral.db")
+        stores.append(store)
+        await store.open()
+        clock = FakeClock(auto_advance=True)
+        service = await make_service(store, clock=clock, result_retry_s=result_retry_s)
+        return Env(store, service, clock, harness)
+
+    yield make
+    for store in stores:
+        await store.close()
+
+
+@pytest.fixture
+async def env(make_env: MakeEnv) -> Env:
+    return await make_env()
 
 
 async def test_an_outcome_the_store_refused_is_written_when_it_is_back(env: Env) -> None:
@@ -146,17 +158,17 @@ async def test_an_outcome_committed_before_its_answer_was_lost_is_not_written_tw
 
 
 async def test_a_store_down_past_the_limit_leaves_the_agent_to_a_restart(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    make_env: MakeEnv, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async for env in make_env(tmp_path, result_retry_s=1.0):
-        env.store.fail_outcomes = 100
-        with caplog.at_level(logging.WARNING, logger="corral"):
-            agent_id = await env.turn("done")
-        rec = env.service.get(agent_id)
-        assert (rec["state"], rec["turnInFlight"]) == ("running", 1)
-        assert sum(env.clock.sleeps) >= 1.0
-        assert "turn 1's outcome not written" in caplog.text
-        assert "turn task failed" in caplog.text
+    env = await make_env(result_retry_s=1.0)
+    env.store.fail_outcomes = 100
+    with caplog.at_level(logging.WARNING, logger="corral"):
+        agent_id = await env.turn("done")
+    rec = env.service.get(agent_id)
+    assert (rec["state"], rec["turnInFlight"]) == ("running", 1)
+    assert sum(env.clock.sleeps) >= 1.0
+    assert "turn 1's outcome not written" in caplog.text
+    assert "turn task failed" in caplog.text
 
 
 def test_result_retry_s_is_checked(tmp_path: Path) -> None:

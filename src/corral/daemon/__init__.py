@@ -31,17 +31,22 @@ from corral.daemon._errors import (
     http_status,
 )
 from corral.daemon._events import Event, NewEvent
-from corral.daemon._harness import Harness, TurnFailedError, TurnRequest, TurnResult
-from corral.daemon._harness_command import CommandHarness
-from corral.daemon._harness_openai import OpenAIHarness
-from corral.daemon._harness_python import PythonHarness, TurnContext
 from corral.daemon._http import create_app
 from corral.daemon._server import ServeConfig, open_store, serve
 from corral.daemon._service import AgentService, CommandResult
 from corral.daemon._spec import AgentSpec, parse_spec
-from corral.daemon._sqlite import SQLiteStore
 from corral.daemon._state import State, replay
-from corral.daemon._store import Store
+from corral.daemon.harnesses import (
+    CommandHarness,
+    Harness,
+    OpenAIHarness,
+    PythonHarness,
+    TurnContext,
+    TurnFailedError,
+    TurnRequest,
+    TurnResult,
+)
+from corral.daemon.stores import SQLiteStore, Store
 
 __all__ = [
     "AgentApi",
@@ -96,9 +101,9 @@ __all__ = [
 def __getattr__(name: str) -> object:
     # PostgreSQL support needs the ``postgres`` extra (psycopg): import it only when asked.
     if name == "PostgresStore":
-        from corral.daemon import _postgres
+        from corral.daemon.stores import _postgres
 
-        return getattr(_postgres, name)
+        return _postgres.PostgresStore
     # MCP (the mcp SDK) only when asked: it would double the start-up time of every command.
     if name in {"McpApp", "build_mcp_server", "mcp_asgi_app", "run_stdio"}:
         from corral.daemon import _mcp

@@ -1,9 +1,7 @@
-"""Bearer tokens scoped to one agent and its descendants.
+"""Bearer tokens scoped to one agent and its descendants, derived from the daemon's token.
 
-When the daemon runs with a token, each agent is given its own (``CORRAL_TOKEN`` in its
-environment): ``corral-agent.<agent id>.<mac>``, where the MAC is an HMAC-SHA256 of the agent id
-keyed with the daemon's token. Nothing is stored: the daemon recognises the tokens it would
-issue, so they survive restarts, and changing the daemon's token revokes all of them.
+Nothing is stored: an agent's token is an HMAC of its id keyed with the daemon's token (see
+docs/daemon.md, "Security").
 """
 
 from __future__ import annotations

@@ -1,9 +1,16 @@
-"""Events: the append-only log that is the agent service's source of truth."""
+"""Events: the append-only log that is the agent service's source of truth.
+
+One constructor per event type builds its ``data`` with the keys the log has always held; the
+reducer (``_state.py``) reads them back through the same typed shapes.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
+
+from corral.daemon._records import AgentRecord, TurnUsage
 
 # Agent lifecycle
 AGENT_CREATED = "agent.created"
@@ -66,3 +73,183 @@ class Event:
             "agentId": self.agent_id,
             "data": self.data,
         }
+
+
+# --- the shapes of ``data`` the reducer reads ----------------------------------------------
+
+
+class TurnStartedData(TypedDict):
+    turn: int
+    prompt: str
+    retry: bool
+    notices: list[int]
+
+
+class TurnEndedData(TypedDict, total=False):
+    """``agent.turn_completed`` (``output``) and ``agent.turn_failed`` (``error``,
+    ``consecutiveFailures``); both carry ``usage`` (None: nothing reported)."""
+
+    turn: int
+    output: str
+    error: str
+    consecutiveFailures: int
+    usage: TurnUsage | None
+
+
+class StateChangedData(TypedDict, total=False):
+    to: str
+    reason: str | None
+    error: str | None
+
+
+class CommandData(TypedDict):
+    key: str
+    fingerprint: str
+    command: dict[str, Any]
+    status: int
+    response: dict[str, Any]
+
+
+# --- constructors ---------------------------------------------------------------------------
+
+
+def agent_created(record: AgentRecord) -> NewEvent:
+    return NewEvent(AGENT_CREATED, record["id"], {"agent": record})
+
+
+def turn_started(
+    agent_id: str, turn: int, prompt: str, *, retry: bool, notices: Sequence[int]
+) -> NewEvent:
+    data = {"turn": turn, "prompt": prompt, "retry": retry, "notices": list(notices)}
+    return NewEvent(TURN_STARTED, agent_id, data)
+
+
+def turn_completed(agent_id: str, turn: int, output: str, usage: TurnUsage) -> NewEvent:
+    return NewEvent(TURN_COMPLETED, agent_id, {"turn": turn, "output": output, "usage": usage})
+
+
+def turn_failed(
+    agent_id: str, turn: int, error: str, failures: int, usage: Mapping[str, Any] | None
+) -> NewEvent:
+    data = {
+        "turn": turn,
+        "error": error,
+        "consecutiveFailures": failures,
+        "usage": dict(usage) if usage else None,
+    }
+    return NewEvent(TURN_FAILED, agent_id, data)
+
+
+def turn_interrupted(agent_id: str, turn: int, reason: str) -> NewEvent:
+    return NewEvent(TURN_INTERRUPTED, agent_id, {"turn": turn, "reason": reason})
+
+
+def prompted(agent_id: str, was: str) -> NewEvent:
+    """The agent runs a turn a person or its parent asked for."""
+    return NewEvent(STATE_CHANGED, agent_id, {"from": was, "to": "running", "reason": "prompted"})
+
+
+def turn_done(agent_id: str) -> NewEvent:
+    """The agent's turn succeeded: it waits, idle, for the next prompt."""
+    data = {"from": "running", "to": "idle", "reason": "turn-done"}
+    return NewEvent(STATE_CHANGED, agent_id, data)
+
+
+def stopped(agent_id: str, was: str, by: str | None) -> NewEvent:
+    data = {"from": was, "to": "stopped", "reason": "stopped", "by": by}
+    return NewEvent(STATE_CHANGED, agent_id, data)
+
+
+def failed(agent_id: str, error: str) -> NewEvent:
+    """The agent ends failed: its policy gave up after a failed turn."""
+    data = {"from": "running", "to": "failed", "reason": "turn-failed", "error": error}
+    return NewEvent(STATE_CHANGED, agent_id, data)
+
+
+def held(
+    agent_id: str, was: str, reason: str, error: str | None, *, dimension: str | None = None
+) -> list[NewEvent]:
+    """The agent is held in ``blocked`` until a person decides; ``dimension`` names the budget
+    that ran out, when one did."""
+    extra = {} if dimension is None else {"dimension": dimension}
+    changed = {"from": was, "to": "blocked", "reason": reason, "error": error, **extra}
+    return [
+        NewEvent(STATE_CHANGED, agent_id, changed),
+        NewEvent(SUPERVISION_NEEDED, agent_id, {"reason": reason, "error": error, **extra}),
+    ]
+
+
+def notice(to: str, sender: AgentRecord, kind: str, state: str, **fields: Any) -> NewEvent:
+    """A notice to agent ``to`` about ``sender``; ``fields`` (``reason``, ``error``,
+    ``output``, ``target``) are kept as given."""
+    data = {
+        "to": to,
+        "from": sender["id"],
+        "fromName": sender["name"],
+        "kind": kind,
+        "state": state,
+        **fields,
+    }
+    return NewEvent(NOTICE, to, data)
+
+
+def notices_dropped(agent_id: str, ids: Sequence[int]) -> NewEvent:
+    return NewEvent(NOTICES_DROPPED, agent_id, {"ids": list(ids)})
+
+
+def agent_resolved(record: AgentRecord, action: str, by: str | None, why: str | None) -> NewEvent:
+    """A person resolved the blocked agent's decision (``prompt`` or ``stop``)."""
+    data = {
+        "kind": "agent_blocked",
+        "agentId": record["id"],
+        "reason": record["reason"],
+        "error": record["error"],
+        "action": action,
+        "by": by,
+        "why": why,
+    }
+    return NewEvent(DECISION_RESOLVED, record["id"], data)
+
+
+def gateway_resolved(
+    target: str,
+    agent_id: str,
+    reason: str | None,
+    freeze_id: str | None,
+    by: str,
+    why: str,
+) -> NewEvent:
+    """A person reinstated an agent the gateway had frozen in database ``target``."""
+    data = {
+        "kind": "gateway_frozen",
+        "agentId": agent_id,
+        "target": target,
+        "reason": reason,
+        "freezeId": freeze_id,
+        "action": "reinstate",
+        "by": by,
+        "why": why,
+    }
+    return NewEvent(DECISION_RESOLVED, agent_id, data)
+
+
+def gateway_frozen(target: str, freeze: Mapping[str, Any]) -> NewEvent:
+    """The gateway froze an agent in ``target``: ``freeze`` is its journal entry as JSON."""
+    return NewEvent(GATEWAY_FROZEN, freeze["agentId"], {"target": target, **freeze})
+
+
+def command_recorded(
+    key: str,
+    fingerprint: str,
+    command: dict[str, Any],
+    status: int,
+    response: dict[str, Any],
+) -> NewEvent:
+    data: CommandData = {
+        "key": key,
+        "fingerprint": fingerprint,
+        "command": command,
+        "status": status,
+        "response": response,
+    }
+    return NewEvent(COMMAND_RECORDED, None, dict(data))

@@ -5,6 +5,7 @@ Pure functions over an agent's record and spec, so every rule is testable on its
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -25,7 +26,7 @@ class Decision:
     reason: str | None = None
 
 
-def after_failure(record: dict[str, Any], spec: AgentSpec, failures: int) -> Decision:
+def after_failure(record: Mapping[str, Any], spec: AgentSpec, failures: int) -> Decision:
     """Decide what a failed turn leads to; ``failures`` counts this one.
 
     The breaker comes first, whatever the policy: ``maxConsecutiveFailures`` failures in a row

@@ -1,23 +1,27 @@
 """Projections of the event log (agents, inboxes, decisions, commands) and the reducer.
 
-The reducer is the only code that changes projections, and it reads nothing but the state and
-the event, so replaying the log from the start rebuilds the projections exactly. Records are
-plain JSON-ready dicts with camelCase keys (what the HTTP API returns). A record is never
-mutated in place: the reducer works on copies (:class:`Tx`), and the store swaps them in only
-after the transaction that wrote them has committed.
+The reducer is the only code that computes state after an event: the stores apply it to what
+they commit, and the service asks it (:func:`preview`) what a decision would lead to. See
+"Seed 001" in docs/architecture.md for its rules.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from corral.daemon import _events as ev
-from corral.daemon._events import Event
-
-Record = dict[str, Any]
+from corral.daemon._events import (
+    CommandData,
+    Event,
+    NewEvent,
+    StateChangedData,
+    TurnEndedData,
+    TurnStartedData,
+)
+from corral.daemon._records import AgentRecord, CommandRecord, Notice, Resolution, TurnUsage
 
 LIVE_STATES = frozenset({"running", "idle", "blocked"})
 ENDED_STATES = frozenset({"failed", "stopped"})
@@ -27,10 +31,10 @@ ENDED_STATES = frozenset({"failed", "stopped"})
 class State:
     """Everything the projections hold, as of event ``last_seq``."""
 
-    agents: dict[str, Record] = field(default_factory=dict)
-    notices: dict[int, Record] = field(default_factory=dict)
-    resolutions: dict[int, Record] = field(default_factory=dict)
-    commands: dict[str, Record] = field(default_factory=dict)
+    agents: dict[str, AgentRecord] = field(default_factory=dict)
+    notices: dict[int, Notice] = field(default_factory=dict)
+    resolutions: dict[int, Resolution] = field(default_factory=dict)
+    commands: dict[str, CommandRecord] = field(default_factory=dict)
     last_seq: int = 0
 
     def snapshot(self) -> dict[str, Any]:
@@ -51,34 +55,38 @@ class ReplayError(Exception):
 
 
 class Tx:
-    """Copy-on-write changes to a :class:`State`, kept apart until :meth:`merge`."""
+    """Copy-on-write changes to a :class:`State`, kept apart until :meth:`merge`.
+
+    A record is never mutated in place: the reducer works on copies, which the store swaps in
+    only after the transaction that wrote them has committed.
+    """
 
     def __init__(self, state: State) -> None:
         self.state = state
-        self.agents: dict[str, Record] = {}
-        self.notices: dict[int, Record] = {}
-        self.resolutions: dict[int, Record] = {}
-        self.commands: dict[str, Record] = {}
+        self.agents: dict[str, AgentRecord] = {}
+        self.notices: dict[int, Notice] = {}
+        self.resolutions: dict[int, Resolution] = {}
+        self.commands: dict[str, CommandRecord] = {}
         self.last_seq = state.last_seq
 
-    def agent(self, agent_id: str) -> Record:
+    def agent(self, agent_id: str) -> AgentRecord:
         """A writable copy of the agent's record."""
         rec = self.agents.get(agent_id)
         if rec is None:
             base = self.state.agents.get(agent_id)
             if base is None:
                 raise ReplayError(f"event for unknown agent {agent_id!r}")
-            rec = dict(base)
+            rec = base.copy()
             self.agents[agent_id] = rec
         return rec
 
-    def get_agent(self, agent_id: str) -> Record | None:
+    def get_agent(self, agent_id: str) -> AgentRecord | None:
         return self.agents.get(agent_id) or self.state.agents.get(agent_id)
 
-    def notice(self, notice_id: int) -> Record:
+    def notice(self, notice_id: int) -> Notice:
         rec = self.notices.get(notice_id)
         if rec is None:
-            rec = dict(self.state.notices[notice_id])
+            rec = self.state.notices[notice_id].copy()
             self.notices[notice_id] = rec
         return rec
 
@@ -110,6 +118,15 @@ def replay(events: Iterable[Event]) -> State:
     return state
 
 
+def preview(state: State, events: Sequence[NewEvent], ts: str) -> Tx:
+    """What appending ``events`` at time ``ts`` would make of ``state``, kept apart in a
+    :class:`Tx` that is never merged: ``state`` is left as it is."""
+    tx = Tx(state)
+    for new in events:
+        tx.apply(Event(tx.last_seq + 1, ts, new.type, new.agent_id, new.data))
+    return tx
+
+
 # --- handlers -----------------------------------------------------------------------------
 
 
@@ -120,7 +137,7 @@ def _agent_id(event: Event) -> str:
 
 
 def _created(tx: Tx, event: Event) -> None:
-    rec = dict(event.data["agent"])
+    rec = cast(AgentRecord, dict(event.data["agent"]))
     rec.setdefault("createdAt", event.ts)
     rec.setdefault("updatedAt", event.ts)
     tx.agents[_agent_id(event)] = rec
@@ -132,7 +149,7 @@ def _created(tx: Tx, event: Event) -> None:
 
 def _turn_started(tx: Tx, event: Event) -> None:
     rec = tx.agent(_agent_id(event))
-    data = event.data
+    data = cast(TurnStartedData, event.data)
     rec["turnInFlight"] = data["turn"]
     rec["turns"] = data["turn"]
     rec["lastPrompt"] = data["prompt"]
@@ -149,10 +166,10 @@ def _turn_started(tx: Tx, event: Event) -> None:
         notice["deliveredAt"] = event.ts
 
 
-def add_usage(rec: Record, usage: dict[str, Any] | None) -> None:
-    """Count one turn's ``usage`` (``tokens``, ``costUsd`` or None if unknown) into ``rec``."""
-    if not usage:
-        return
+def _add_usage(rec: AgentRecord, usage: TurnUsage | None) -> None:
+    """Count one turn's ``usage`` (``tokens``, ``costUsd`` or None if unknown) into ``rec``;
+    a turn that reported nothing counts as a turn that spent nothing."""
+    usage = usage or {"tokens": 0}
     old = rec["usage"]
     cost = usage.get("costUsd", 0.0)
     rec["usage"] = {
@@ -166,20 +183,22 @@ def add_usage(rec: Record, usage: dict[str, Any] | None) -> None:
 
 def _turn_completed(tx: Tx, event: Event) -> None:
     rec = tx.agent(_agent_id(event))
+    data = cast(TurnEndedData, event.data)
     rec["turnInFlight"] = None
     rec["consecutiveFailures"] = 0
-    rec["lastOutput"] = event.data.get("output")
+    rec["lastOutput"] = data.get("output")
     rec["lastError"] = None
-    add_usage(rec, event.data.get("usage") or {"tokens": 0})
+    _add_usage(rec, data.get("usage"))
     rec["updatedAt"] = event.ts
 
 
 def _turn_failed(tx: Tx, event: Event) -> None:
     rec = tx.agent(_agent_id(event))
+    data = cast(TurnEndedData, event.data)
     rec["turnInFlight"] = None
-    rec["consecutiveFailures"] = event.data["consecutiveFailures"]
-    rec["lastError"] = event.data["error"]
-    add_usage(rec, event.data.get("usage") or {"tokens": 0})
+    rec["consecutiveFailures"] = data["consecutiveFailures"]
+    rec["lastError"] = data["error"]
+    _add_usage(rec, data.get("usage"))
     rec["updatedAt"] = event.ts
 
 
@@ -191,11 +210,12 @@ def _turn_interrupted(tx: Tx, event: Event) -> None:
 
 def _state_changed(tx: Tx, event: Event) -> None:
     rec = tx.agent(_agent_id(event))
-    rec["state"] = event.data["to"]
-    rec["reason"] = event.data.get("reason")
-    rec["error"] = event.data.get("error")
+    data = cast(StateChangedData, event.data)
+    rec["state"] = data["to"]
+    rec["reason"] = data.get("reason")
+    rec["error"] = data.get("error")
     rec["updatedAt"] = event.ts
-    if event.data["to"] in ENDED_STATES:
+    if data["to"] in ENDED_STATES:
         rec["endedAt"] = event.ts
 
 
@@ -204,7 +224,7 @@ def _no_projection(tx: Tx, event: Event) -> None:
 
 
 def _notice(tx: Tx, event: Event) -> None:
-    notice = dict(event.data)
+    notice = cast(Notice, dict(event.data))
     notice["id"] = event.seq
     notice["createdAt"] = event.ts
     tx.notices[event.seq] = notice
@@ -218,18 +238,19 @@ def _dropped(tx: Tx, event: Event) -> None:
 
 
 def _resolved(tx: Tx, event: Event) -> None:
-    resolution = dict(event.data)
+    resolution = cast(Resolution, dict(event.data))
     resolution["id"] = event.seq
     resolution["at"] = event.ts
     tx.resolutions[event.seq] = resolution
 
 
 def _command(tx: Tx, event: Event) -> None:
-    tx.commands[event.data["key"]] = {
-        "fingerprint": event.data["fingerprint"],
-        "command": event.data["command"],
-        "status": event.data["status"],
-        "response": event.data["response"],
+    data = cast(CommandData, event.data)
+    tx.commands[data["key"]] = {
+        "fingerprint": data["fingerprint"],
+        "command": data["command"],
+        "status": data["status"],
+        "response": data["response"],
         "at": event.ts,
     }
 

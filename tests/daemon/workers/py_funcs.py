@@ -8,8 +8,7 @@ import threading
 from collections.abc import Awaitable
 from typing import Any
 
-from corral.daemon._harness import TurnFailedError
-from corral.daemon._harness_python import TurnContext
+from corral.daemon import TurnContext, TurnFailedError
 
 NOT_CALLABLE = 5
 

@@ -1,0 +1,99 @@
+"""What the service decides after a turn or before one, as events: pure functions of the state.
+
+A turn's outcome under the failure policy and the budget, and holding an agent for a person.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from corral.daemon import _budget, _notices
+from corral.daemon import _events as ev
+from corral.daemon._events import NewEvent
+from corral.daemon._policy import BUDGET_EXHAUSTED, after_failure
+from corral.daemon._records import AgentRecord, TurnUsage
+from corral.daemon._spec import AgentSpec
+from corral.daemon._state import State, preview
+from corral.kernel import BudgetExhaustedError
+
+
+def exhausted(rec: AgentRecord, spec: AgentSpec, now: datetime) -> BudgetExhaustedError | None:
+    """Why the agent's budget leaves no room for another turn at ``now``, or None."""
+    age = _budget.age_s(rec["createdAt"], now)
+    return _budget.exhausted(spec.budget.to_budget(), rec["usage"], age)
+
+
+def hold(
+    state: State,
+    rec: AgentRecord,
+    reason: str,
+    error: str | None,
+    *,
+    dimension: str | None = None,
+) -> list[NewEvent]:
+    """Hold the agent in blocked: state change, supervision needed, notice to the parent."""
+    events = ev.held(rec["id"], rec["state"], reason, error, dimension=dimension)
+    if rec["parent"] is not None:
+        events.append(_notices.to_parent(state, rec, "supervision", reason=reason, error=error))
+    return events
+
+
+def budget_hold(state: State, rec: AgentRecord, why: BudgetExhaustedError) -> list[NewEvent]:
+    """Hold the agent because its budget leaves no room for a turn."""
+    return hold(state, rec, BUDGET_EXHAUSTED, why.message, dimension=why.dimension)
+
+
+def drop_pending(state: State, agent_id: str) -> list[NewEvent]:
+    """Drop the notices waiting for an agent that has ended (it reads no more)."""
+    pending = [n["id"] for n in _notices.pending(state, agent_id)]
+    return [ev.notices_dropped(agent_id, pending)] if pending else []
+
+
+def turn_succeeded(
+    state: State, rec: AgentRecord, spec: AgentSpec, turn: int, output: str, usage: TurnUsage
+) -> list[NewEvent]:
+    """The turn's output is kept, the agent goes idle, and its parent hears if it asked to."""
+    return [
+        ev.turn_completed(rec["id"], turn, output, usage),
+        ev.turn_done(rec["id"]),
+        *_notices.on_turn(state, rec, spec, "done", output=output),
+    ]
+
+
+def turn_failed(
+    state: State,
+    rec: AgentRecord,
+    spec: AgentSpec,
+    turn: int,
+    error: str,
+    usage: Mapping[str, Any] | None,
+    now: datetime,
+    *,
+    before: list[NewEvent],
+) -> tuple[list[NewEvent], int | None]:
+    """The failed turn and what the policy makes of it, after the events ``before``: the
+    events to commit, and the number of the retry to start (None when there is none)."""
+    agent_id = rec["id"]
+    failures = rec["consecutiveFailures"] + 1
+    events = [*before, ev.turn_failed(agent_id, turn, error, failures, usage)]
+    # The policy and the budget judge the agent as the failed turn leaves it.
+    after = preview(state, events, now.isoformat()).get_agent(agent_id)
+    assert after is not None
+    decision = after_failure(after, spec, failures)
+    if decision.action == "retry":
+        why = exhausted(after, spec, now)
+        if why is not None:
+            return events + budget_hold(state, after, why), None
+        assert rec["lastPrompt"] is not None
+        retry = turn + 1
+        events.append(ev.turn_started(agent_id, retry, rec["lastPrompt"], retry=True, notices=[]))
+        return events, retry
+    if decision.action == "hold":
+        assert decision.reason is not None
+        return events + hold(state, after, decision.reason, error), None
+    events.append(ev.failed(agent_id, error))
+    events += _notices.on_turn(state, after, spec, "failed", error=error)
+    events += drop_pending(state, agent_id)
+    return events, None

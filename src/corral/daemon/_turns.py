@@ -1,0 +1,94 @@
+"""One turn of an agent: the request its harness gets, and what the harness reports."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from corral.daemon import _budget
+from corral.daemon._auth import agent_token
+from corral.daemon._records import AgentRecord
+from corral.daemon._spec import AgentSpec
+from corral.daemon.harnesses import Harness, TurnFailedError, TurnRequest, TurnResult
+
+logger = logging.getLogger("corral.daemon")
+
+
+def agent_env(rec: AgentRecord, url: str, token: str | None) -> dict[str, str]:
+    """What the agent is told about itself; with the daemon's ``token``, a token scoped to
+    the agent and its descendants."""
+    env = {
+        "CORRAL_AGENT_ID": rec["id"],
+        "CORRAL_AGENT_NAME": rec["name"],
+        "CORRAL_RUN_ID": rec["runId"],
+        "CORRAL_URL": url,
+    }
+    if rec["parent"] is not None:
+        env["CORRAL_PARENT_ID"] = rec["parent"]
+    if token is not None:
+        env["CORRAL_TOKEN"] = agent_token(token, rec["id"])
+    return env
+
+
+def request(
+    rec: AgentRecord,
+    spec: AgentSpec,
+    turn: int,
+    prompt: str,
+    now: datetime,
+    *,
+    home: Path,
+    env: dict[str, str],
+) -> TurnRequest:
+    """Turn ``turn`` of the agent, with what is left of its budget at ``now``."""
+    age = _budget.age_s(rec["createdAt"], now)
+    remaining = _budget.remaining(spec.budget.to_budget(), rec["usage"], age)
+    timeout_s = spec.turn_timeout_s
+    if remaining.deadline_s is not None:
+        # A turn may not outlive the agent's deadline: it is cut short (a failed turn).
+        timeout_s = max(0.001, min(timeout_s, remaining.deadline_s))
+    return TurnRequest(
+        agent_id=rec["id"],
+        turn=turn,
+        prompt=prompt,
+        spec=spec,
+        workdir=workdir(home, rec["id"]),
+        state_dir=state_dir(home, rec["id"]),
+        env=env,
+        timeout_s=timeout_s,
+        remaining=remaining,
+    )
+
+
+def workdir(home: Path, agent_id: str) -> Path:
+    """The agent's working directory: it lives as long as the agent."""
+    return home / "agents" / agent_id / "work"
+
+
+def state_dir(home: Path, agent_id: str) -> Path:
+    """The harness's bookkeeping for the agent, outside its working directory."""
+    return home / "agents" / agent_id / "state"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a turn came to: a ``result``, or an ``error`` with what it spent (``usage``)."""
+
+    result: TurnResult | None = None
+    error: str | None = None
+    usage: dict[str, Any] | None = None
+
+
+async def run(harness: Harness, turn: TurnRequest) -> Outcome:
+    """Run the turn; a harness that raises anything but :class:`TurnFailedError` (a bug)
+    fails the turn too, and is logged."""
+    try:
+        return Outcome(result=await harness.run_turn(turn))
+    except TurnFailedError as exc:
+        return Outcome(error=exc.message, usage=exc.usage)
+    except Exception as exc:
+        logger.exception("agent %s: harness %s raised", turn.agent_id, turn.spec.harness)
+        return Outcome(error=f"harness error: {type(exc).__name__}: {exc}")

@@ -1,0 +1,17 @@
+"""The harnesses: the seam that runs one turn of an agent, and its three implementations."""
+
+from corral.daemon.harnesses._base import Harness, TurnFailedError, TurnRequest, TurnResult
+from corral.daemon.harnesses._command import CommandHarness
+from corral.daemon.harnesses._openai import OpenAIHarness
+from corral.daemon.harnesses._python import PythonHarness, TurnContext
+
+__all__ = [
+    "CommandHarness",
+    "Harness",
+    "OpenAIHarness",
+    "PythonHarness",
+    "TurnContext",
+    "TurnFailedError",
+    "TurnRequest",
+    "TurnResult",
+]

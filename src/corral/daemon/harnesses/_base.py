@@ -1,0 +1,73 @@
+"""The harness seam: what runs one turn of an agent."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from corral.daemon._spec import AgentSpec
+from corral.kernel import CorralError, ExecutionBudget
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnRequest:
+    """One turn to run.
+
+    ``workdir`` is the agent's own working directory (it lives as long as the agent);
+    ``state_dir`` is a directory the harness may use for its own bookkeeping (a pid file),
+    private to this agent and outside ``workdir``. ``env`` holds what the agent is told
+    about itself (``CORRAL_AGENT_ID``, ``CORRAL_URL``, ...) on top of the spec's ``env``.
+    ``remaining`` is what is left of the agent's budget (None dimensions are unlimited);
+    a harness that makes model calls must not spend past it.
+    """
+
+    agent_id: str
+    turn: int
+    prompt: str
+    spec: AgentSpec
+    workdir: Path
+    state_dir: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+    timeout_s: float = 600.0
+    remaining: ExecutionBudget = field(default_factory=ExecutionBudget)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnResult:
+    """A successful turn: its output and what it spent (``cost_usd`` None when unknown)."""
+
+    output: str
+    tokens: int = 0
+    cost_usd: float | None = 0.0
+
+
+class TurnFailedError(CorralError):
+    """A turn failed. ``message`` is what the agent's record and events show as the error.
+
+    ``usage`` (``{"tokens", "costUsd"}``) is what the failed turn spent, when known.
+    """
+
+    code = "turn_failed"
+
+    def __init__(self, message: str, *, usage: Mapping[str, Any] | None = None, **details: Any):
+        super().__init__(message, **details)
+        self.usage = dict(usage) if usage else None
+
+
+@runtime_checkable
+class Harness(Protocol):
+    """Runs turns of one kind of agent.
+
+    ``run_turn`` returns a :class:`TurnResult` or raises :class:`TurnFailedError` (a timeout
+    is a failed turn too). When the task running it is cancelled (the agent is stopped, the
+    daemon shuts down) it must end what it started (kill its process) and let
+    ``asyncio.CancelledError`` through. ``reap`` is called once at daemon start for an agent
+    whose turn was in flight when the daemon died: it ends any leftover process of that turn
+    and says whether it found one. Both must be safe to call for any agent of the harness.
+    """
+
+    async def run_turn(self, request: TurnRequest) -> TurnResult: ...
+
+    async def reap(self, agent_id: str, state_dir: Path) -> bool: ...

@@ -1,0 +1,160 @@
+"""``OpenAIHarness``: one turn is one run of the agent loop against an OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+from corral.agent import Agent
+from corral.daemon.harnesses._base import TurnFailedError, TurnRequest, TurnResult
+from corral.kernel import CorralError, InvalidArgumentError, MiddlewareStage
+from corral.kernel import _validate as v
+from corral.runtime import (
+    CallNext,
+    ChatResult,
+    ExecutionTracker,
+    MiddlewareContext,
+    ModelPrice,
+    OpenAIClient,
+)
+
+
+class OpenAIHarness:
+    """Runs :class:`corral.agent.Agent` over :class:`corral.runtime.OpenAIClient` for one prompt.
+
+    The client talks to ``spec.openai.base_url`` with ``spec.openai.model``; its API key is
+    ``os.environ[spec.openai.api_key_env]`` when ``api_key_env`` is set (the spec holds the
+    variable's name, never the key); ``spec.openai.price`` prices the model. The agent gets
+    ``spec.openai.instructions``, no tools, and ``request.remaining`` as its budget with
+    ``max_turns`` lifted: the daemon counts its own turns, and one daemon turn may take
+    several model round-trips. The model is not retried here: a failed call fails the turn
+    and the agent's failure policy decides what comes next.
+
+    The result carries the tokens and dollars of the whole run; ``cost_usd`` is None when a
+    model reply could not be priced (no ``price`` in the spec, or a reply without usage).
+
+    Failed turns (:class:`TurnFailedError`, with ``usage`` ``{"tokens", "costUsd"}`` spent
+    before the failure): the key variable is unset or empty (the message names it); any
+    :class:`CorralError` of the run -- a budget dimension exhausted, a model error (HTTP
+    error, unreachable server, invalid reply) -- with its message and ``cause`` set to its
+    code; any other exception; a run longer than ``request.timeout_s`` ("turn timed out after
+    N s"; the model call in flight is abandoned). Cancellation abandons the call in flight and
+    propagates.
+    """
+
+    def __repr__(self) -> str:
+        return "OpenAIHarness()"
+
+    async def run_turn(self, request: TurnRequest) -> TurnResult:
+        """Run one turn; see the class docstring. Raises ``InvalidArgumentError`` when the
+        request is not a TurnRequest for an ``openai`` spec."""
+        v.instance_of("OpenAIHarness.run_turn", "request", request, TurnRequest)
+        options = request.spec.openai
+        if request.spec.harness != "openai" or options is None:
+            raise InvalidArgumentError(
+                "OpenAIHarness.run_turn",
+                "request.spec",
+                "a spec of harness 'openai' with openai options",
+                request.spec.harness,
+            )
+        api_key: str | None = None
+        if options.api_key_env is not None:
+            api_key = os.environ.get(options.api_key_env)
+            if not api_key:
+                state = "empty" if api_key is not None else "not set"
+                raise TurnFailedError(
+                    f"the API key variable {options.api_key_env!r} is {state} in the "
+                    "daemon's environment",
+                    api_key_env=options.api_key_env,
+                )
+        prices: dict[str, ModelPrice] = {}
+        if options.price is not None:
+            prices[options.model] = ModelPrice(
+                options.price.input_per_mtok_usd, options.price.output_per_mtok_usd
+            )
+        budget = dataclasses.replace(request.remaining, max_turns=None)
+        tracker = ExecutionTracker(budget)
+        priced = _PriceWatch()
+        limit = asyncio.timeout(request.timeout_s)
+        try:
+            async with (
+                limit,
+                OpenAIClient(
+                    options.base_url,
+                    options.model,
+                    api_key=api_key,
+                    prices=prices,
+                    # past the turn's own limit: a slow call ends as a turn timeout
+                    timeout_s=request.timeout_s + 1.0,
+                ) as client,
+            ):
+                agent = Agent(
+                    client,
+                    agent_id=request.agent_id,
+                    instructions=options.instructions,
+                    budget=budget,
+                    middleware=[priced],
+                )
+                run = await agent.run(request.prompt, tracker=tracker)
+        except TimeoutError as exc:
+            if not limit.expired():
+                raise _failed(exc, tracker, priced) from exc
+            raise TurnFailedError(
+                f"turn timed out after {request.timeout_s:g} s",
+                usage=_usage(tracker, priced),
+                timeout_s=request.timeout_s,
+            ) from None
+        except Exception as exc:
+            raise _failed(exc, tracker, priced) from exc
+        return TurnResult(
+            output=run.output or "",
+            tokens=run.usage.tokens,
+            cost_usd=run.usage.cost_usd if priced.all_priced else None,
+        )
+
+    async def reap(self, agent_id: str, state_dir: Path) -> bool:
+        """Nothing of an openai turn survives the daemon: always False."""
+        v.non_empty_str("OpenAIHarness.reap", "agent_id", agent_id)
+        v.instance_of("OpenAIHarness.reap", "state_dir", state_dir, Path)
+        return False
+
+
+class _PriceWatch:
+    """Notes whether every model reply of the run had a dollar cost."""
+
+    stages = frozenset({MiddlewareStage.CHAT})
+
+    def __init__(self) -> None:
+        self.all_priced = True
+
+    async def process(self, ctx: MiddlewareContext, call_next: CallNext) -> None:
+        try:
+            await call_next()
+        finally:
+            # also when the budget refuses an unpriced reply: its cost stays unknown
+            result = ctx.result
+            if isinstance(result, ChatResult) and result.cost_usd is None:
+                self.all_priced = False
+
+
+def _usage(tracker: ExecutionTracker, priced: _PriceWatch) -> dict[str, Any]:
+    spent = tracker.usage()
+    return {"tokens": spent.tokens, "costUsd": spent.cost_usd if priced.all_priced else None}
+
+
+def _failed(exc: Exception, tracker: ExecutionTracker, priced: _PriceWatch) -> TurnFailedError:
+    if isinstance(exc, CorralError):
+        return TurnFailedError(
+            exc.message,
+            usage=_usage(tracker, priced),
+            retryable=exc.retryable,
+            cause=exc.code,
+        )
+    return TurnFailedError(
+        f"the agent loop raised {type(exc).__name__}: {exc}",
+        usage=_usage(tracker, priced),
+        cause=type(exc).__name__,
+    )

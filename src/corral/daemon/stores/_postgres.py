@@ -1,0 +1,327 @@
+"""``PostgresStore``: the store that several daemons can share (psycopg 3, async pool).
+
+How it numbers events across processes and what its errors mean: "Seed 001" in
+docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import TupleRow
+from psycopg.types.json import Json
+from psycopg_pool import AsyncConnectionPool
+
+from corral.daemon._errors import StoreUnavailableError
+from corral.daemon._events import Event, NewEvent
+from corral.daemon._state import ReplayError, State, Tx, replay
+from corral.daemon.stores._sqlite import _dump, _retrieve
+from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError, UsageError
+from corral.kernel import _validate as v
+
+__all__ = ["PostgresStore", "StoreUnavailableError"]
+
+_Pool = AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]
+
+# One key for every corral schema: concurrent first opens must not race on CREATE TABLE.
+_SCHEMA_LOCK_KEY = 0x636F7272616C  # "corral"
+
+
+class _Statements:
+    """Every statement, with the table names qualified by the store's schema."""
+
+    def __init__(self, schema: str | None) -> None:
+        def table(name: str) -> sql.Identifier:
+            return sql.Identifier(schema, name) if schema else sql.Identifier(name)
+
+        names = {
+            "events": table("events"),
+            "agents": table("agents"),
+            "notices": table("notices"),
+            "resolutions": table("resolutions"),
+            "commands": table("commands"),
+            "counter": table("event_counter"),
+        }
+
+        def q(text: str) -> sql.Composed:
+            return sql.SQL(text).format(**names)
+
+        self.ddl: list[sql.Composed] = []
+        if schema:
+            self.ddl.append(
+                sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema))
+            )
+        self.ddl += [
+            q(
+                "CREATE TABLE IF NOT EXISTS {events} (seq bigint PRIMARY KEY, ts text NOT NULL, "
+                "type text NOT NULL, agent_id text, data json NOT NULL)"
+            ),
+            q("CREATE INDEX IF NOT EXISTS events_agent ON {events} (agent_id, seq)"),
+            q("CREATE TABLE IF NOT EXISTS {agents} (id text PRIMARY KEY, data json NOT NULL)"),
+            q("CREATE TABLE IF NOT EXISTS {notices} (id bigint PRIMARY KEY, data json NOT NULL)"),
+            q(
+                "CREATE TABLE IF NOT EXISTS {resolutions} "
+                "(id bigint PRIMARY KEY, data json NOT NULL)"
+            ),
+            q("CREATE TABLE IF NOT EXISTS {commands} (key text PRIMARY KEY, data json NOT NULL)"),
+            q(
+                "CREATE TABLE IF NOT EXISTS {counter} (id boolean PRIMARY KEY DEFAULT true "
+                "CHECK (id), last_seq bigint NOT NULL)"
+            ),
+            q(
+                "INSERT INTO {counter} (id, last_seq) "
+                "SELECT true, COALESCE(MAX(seq), 0) FROM {events} ON CONFLICT (id) DO NOTHING"
+            ),
+        ]
+        self.load_agents = q("SELECT data FROM {agents}")
+        self.load_notices = q("SELECT id, data FROM {notices}")
+        self.load_resolutions = q("SELECT id, data FROM {resolutions}")
+        self.load_commands = q("SELECT key, data FROM {commands}")
+        self.load_counter = q("SELECT last_seq FROM {counter}")
+        self.bump = q("UPDATE {counter} SET last_seq = last_seq + %s RETURNING last_seq")
+        self.insert_event = q(
+            "INSERT INTO {events} (seq, ts, type, agent_id, data) VALUES (%s, %s, %s, %s, %s)"
+        )
+        self.upsert = {
+            key: q(
+                f"INSERT INTO {{{key}}} ({col}, data) VALUES (%s, %s) "
+                f"ON CONFLICT ({col}) DO UPDATE SET data = EXCLUDED.data"
+            )
+            for key, col in (
+                ("agents", "id"),
+                ("notices", "id"),
+                ("resolutions", "id"),
+                ("commands", "key"),
+            )
+        }
+        cols = "SELECT seq, ts, type, agent_id, data FROM {events}"
+        self.read_all = q(f"{cols} WHERE seq > %s ORDER BY seq LIMIT %s")
+        self.read_agent = q(f"{cols} WHERE agent_id = %s AND seq > %s ORDER BY seq LIMIT %s")
+        self.read_range = q(f"{cols} WHERE seq > %s AND seq <= %s ORDER BY seq")
+        self.read_everything = q(f"{cols} ORDER BY seq")
+
+
+def _safe_dsn(params: dict[str, Any]) -> str:
+    """The connection string without its password (for messages and ``repr``)."""
+    return make_conninfo(**{k: v for k, v in params.items() if k != "password"})
+
+
+class PostgresStore:
+    """A :class:`Store` in a PostgreSQL database, safe to share between daemons.
+
+    ``dsn`` is a libpq connection string or URI; ``schema`` (created if missing) keeps the
+    tables apart from others in the same database, default the search path's first schema.
+    Connections come from a pool of at most ``pool_size``; appends within a process are
+    serialised by an asyncio lock, across processes by the counter row. Commits use the
+    server's ``synchronous_commit`` (on by default): a committed append survives a crash.
+
+    :meth:`open` raises :class:`StoreUnavailableError` when the server does not answer and
+    is a no-op on an open store; :meth:`close` waits for an append in flight and is
+    idempotent. Once begun, an append runs to its end even if its caller is cancelled, so
+    ``state`` always follows what was committed.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        schema: str | None = None,
+        pool_size: int = 4,
+    ) -> None:
+        where = "PostgresStore"
+        v.non_empty_str(where, "dsn", dsn)
+        try:
+            params = conninfo_to_dict(dsn)
+        except psycopg.ProgrammingError as exc:
+            raise InvalidArgumentError(
+                where, "dsn", "a libpq connection string or postgresql:// URI", dsn
+            ) from exc
+        v.non_empty_str(where, "schema", schema, optional=True)
+        v.positive_int(where, "pool_size", pool_size)
+        self.dsn = dsn
+        self.schema = schema
+        self._safe = _safe_dsn(params)
+        self._clock = clock
+        self._pool_size = pool_size
+        self._sql = _Statements(schema)
+        self._state = State()
+        self._lock = asyncio.Lock()
+        self._pool: _Pool | None = None
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    def _unavailable(self, exc: psycopg.Error) -> StoreUnavailableError:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return StoreUnavailableError(self._safe, reason, exc.sqlstate)
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        try:
+            async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+                async with conn.transaction():
+                    await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK_KEY,))
+                    for statement in self._sql.ddl:
+                        await conn.execute(statement)
+                state = await self._load(conn)
+            pool: _Pool = AsyncConnectionPool(
+                self.dsn,
+                min_size=1,
+                max_size=self._pool_size,
+                open=False,
+                kwargs={"autocommit": True},
+                # A connection the server dropped while idle is replaced, not handed out.
+                check=AsyncConnectionPool.check_connection,
+                name=f"corral-store {self._safe}",
+            )
+            try:
+                await pool.open(wait=True)
+            except BaseException:
+                await pool.close()
+                raise
+        except psycopg.OperationalError as exc:
+            raise self._unavailable(exc) from exc
+        self._state = state
+        self._pool = pool
+
+    async def _load(self, conn: psycopg.AsyncConnection[TupleRow]) -> State:
+        state = State()
+        # One snapshot, so the projections and the counter agree while others append.
+        async with conn.transaction():
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            for (data,) in await (await conn.execute(self._sql.load_agents)).fetchall():
+                state.agents[data["id"]] = data
+            for row_id, data in await (await conn.execute(self._sql.load_notices)).fetchall():
+                state.notices[row_id] = data
+            for row_id, data in await (await conn.execute(self._sql.load_resolutions)).fetchall():
+                state.resolutions[row_id] = data
+            for key, data in await (await conn.execute(self._sql.load_commands)).fetchall():
+                state.commands[key] = data
+            row = await (await conn.execute(self._sql.load_counter)).fetchone()
+            state.last_seq = row[0] if row else 0
+        return state
+
+    async def append(self, events: Sequence[NewEvent]) -> list[Event]:
+        if not events:
+            return []
+        # Shielded: a caller cancelled mid-commit must not leave ``state`` behind the log.
+        task = asyncio.ensure_future(self._append(list(events)))
+        task.add_done_callback(_retrieve)
+        return await asyncio.shield(task)
+
+    async def _append(self, events: list[NewEvent]) -> list[Event]:
+        pool = self._require()
+        async with self._lock:
+            try:
+                async with pool.connection() as conn:
+                    async with conn.transaction():
+                        row = await (await conn.execute(self._sql.bump, (len(events),))).fetchone()
+                        if row is None:
+                            raise ReplayError(f"the counter row of {self._safe} is missing")
+                        base = row[0] - len(events)
+                        if base != self._state.last_seq:
+                            await self._catch_up(conn, base)
+                        tx = Tx(self._state)
+                        ts = self._clock.now().isoformat()
+                        written = []
+                        for new in events:
+                            event = Event(tx.last_seq + 1, ts, new.type, new.agent_id, new.data)
+                            tx.apply(event)
+                            written.append(event)
+                        await self._write(conn, written, tx)
+                    # Committed: no await between the COMMIT and the merge.
+                    tx.merge()
+            except psycopg.OperationalError as exc:
+                raise self._unavailable(exc) from exc
+            return written
+
+    async def refresh(self) -> None:
+        pool = self._require()
+        async with self._lock:
+            try:
+                async with pool.connection() as conn, conn.transaction():
+                    row = await (await conn.execute(self._sql.load_counter)).fetchone()
+                    last = int(row[0]) if row is not None else 0
+                    if last != self._state.last_seq:
+                        await self._catch_up(conn, last)
+            except psycopg.OperationalError as exc:
+                raise self._unavailable(exc) from exc
+
+    async def _catch_up(self, conn: psycopg.AsyncConnection[TupleRow], upto: int) -> None:
+        """Apply the events other writers committed up to ``upto`` (they are durable)."""
+        have = self._state.last_seq
+        if upto < have:
+            raise ReplayError(
+                f"the counter of {self._safe} is at {upto} but this store has applied {have}: "
+                "the database was changed behind the store"
+            )
+        cur = await conn.execute(self._sql.read_range, (have, upto))
+        tx = Tx(self._state)
+        for seq, ts, type_, agent_id, data in await cur.fetchall():
+            tx.apply(Event(seq, ts, type_, agent_id, data))
+        if tx.last_seq != upto:
+            raise ReplayError(f"the log of {self._safe} ends at {tx.last_seq}, not {upto}")
+        tx.merge()
+
+    async def _write(
+        self, conn: psycopg.AsyncConnection[TupleRow], events: list[Event], tx: Tx
+    ) -> None:
+        async with conn.cursor() as cur:
+            await cur.executemany(
+                self._sql.insert_event,
+                [(e.seq, e.ts, e.type, e.agent_id, Json(e.data, dumps=_dump)) for e in events],
+            )
+            changes: dict[str, dict[Any, Any]] = {
+                "agents": tx.agents,
+                "notices": tx.notices,
+                "resolutions": tx.resolutions,
+                "commands": tx.commands,
+            }
+            for key, rows in changes.items():
+                if rows:
+                    await cur.executemany(
+                        self._sql.upsert[key],
+                        [(k, Json(rec, dumps=_dump)) for k, rec in rows.items()],
+                    )
+
+    async def read(
+        self, after: int = 0, *, agent_id: str | None = None, limit: int = 1000
+    ) -> list[Event]:
+        if agent_id is None:
+            return await self._select(self._sql.read_all, (after, limit))
+        return await self._select(self._sql.read_agent, (agent_id, after, limit))
+
+    async def _select(self, query: sql.Composed, params: tuple[Any, ...]) -> list[Event]:
+        pool = self._require()
+        try:
+            async with pool.connection() as conn:
+                rows = await (await conn.execute(query, params)).fetchall()
+        except psycopg.OperationalError as exc:
+            raise self._unavailable(exc) from exc
+        return [Event(seq, ts, t, a, data) for seq, ts, t, a, data in rows]
+
+    async def replay(self) -> State:
+        return replay(await self._select(self._sql.read_everything, ()))
+
+    async def close(self) -> None:
+        async with self._lock:
+            pool, self._pool = self._pool, None
+            if pool is not None:
+                await pool.close()
+
+    def _require(self) -> _Pool:
+        if self._pool is None:
+            raise UsageError(f"the store at {self._safe!r} is not open")
+        return self._pool
+
+    def __repr__(self) -> str:
+        schema = f", schema={self.schema!r}" if self.schema else ""
+        return f"PostgresStore({self._safe!r}{schema})"

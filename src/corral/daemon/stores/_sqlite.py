@@ -1,0 +1,210 @@
+"""``SQLiteStore``: the embedded default store (WAL, synchronous FULL)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from corral.daemon._errors import StoreUnavailableError
+from corral.daemon._events import Event, NewEvent
+from corral.daemon._state import State, Tx, replay
+from corral.kernel import SYSTEM_CLOCK, Clock, UsageError
+
+T = TypeVar("T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY,
+    ts TEXT NOT NULL,
+    type TEXT NOT NULL,
+    agent_id TEXT,
+    data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_agent ON events (agent_id, seq);
+CREATE TABLE IF NOT EXISTS agents (id TEXT PRIMARY KEY, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS notices (id INTEGER PRIMARY KEY, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS resolutions (id INTEGER PRIMARY KEY, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS commands (key TEXT PRIMARY KEY, data TEXT NOT NULL);
+"""
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+class SQLiteStore:
+    """A :class:`Store` in one SQLite file.
+
+    The connection lives on one worker thread, so SQLite calls never block the event loop;
+    appends are serialised by an asyncio lock. Journal mode WAL with ``synchronous=FULL``:
+    a committed append survives a crash of the process or the machine.
+
+    :meth:`open` raises :class:`StoreUnavailableError` (not retryable) when the file cannot be
+    opened as a database; an append that SQLite refuses for operational reasons (disk full,
+    the file locked past the busy timeout) raises it retryable, having written nothing.
+    """
+
+    def __init__(self, path: str | Path, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.path = Path(path)
+        self._clock = clock
+        self._state = State()
+        self._lock = asyncio.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corral-sqlite")
+        self._conn: sqlite3.Connection | None = None
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def open(self) -> None:
+        try:
+            await self._run(self._open)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreUnavailableError(
+                f"sqlite:{self.path}", f"{type(exc).__name__}: {exc}", retryable=False
+            ) from exc
+
+    def _open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA busy_timeout=5000")
+            conn.executescript(_SCHEMA)
+            state = self._load(conn)
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        self._state = state
+
+    def _load(self, conn: sqlite3.Connection) -> State:
+        state = State()
+        for (data,) in conn.execute("SELECT data FROM agents"):
+            rec = json.loads(data)
+            state.agents[rec["id"]] = rec
+        for key, table in (("notices", "notices"), ("resolutions", "resolutions")):
+            target = getattr(state, key)
+            for row_id, data in conn.execute(f"SELECT id, data FROM {table}"):
+                target[row_id] = json.loads(data)
+        for key, data in conn.execute("SELECT key, data FROM commands"):
+            state.commands[key] = json.loads(data)
+        (last,) = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
+        state.last_seq = last
+        return state
+
+    async def append(self, events: Sequence[NewEvent]) -> list[Event]:
+        if not events:
+            return []
+        # The worker thread commits even if the caller is cancelled meanwhile, so the append
+        # runs on in its own task: ``state`` must follow what was committed.
+        task = asyncio.ensure_future(self._append(list(events)))
+        task.add_done_callback(_retrieve)
+        return await asyncio.shield(task)
+
+    async def _append(self, events: list[NewEvent]) -> list[Event]:
+        async with self._lock:
+            tx = Tx(self._state)
+            ts = self._clock.now().isoformat()
+            written = []
+            for new in events:
+                event = Event(tx.last_seq + 1, ts, new.type, new.agent_id, new.data)
+                tx.apply(event)
+                written.append(event)
+            try:
+                await self._run(self._write, written, tx)
+            except sqlite3.OperationalError as exc:
+                raise StoreUnavailableError(
+                    f"sqlite:{self.path}", f"{type(exc).__name__}: {exc}"
+                ) from exc
+            tx.merge()
+            return written
+
+    def _write(self, events: list[Event], tx: Tx) -> None:
+        conn = self._require()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.executemany(
+                "INSERT INTO events (seq, ts, type, agent_id, data) VALUES (?, ?, ?, ?, ?)",
+                [(e.seq, e.ts, e.type, e.agent_id, _dump(e.data)) for e in events],
+            )
+            conn.executemany(
+                "INSERT OR REPLACE INTO agents (id, data) VALUES (?, ?)",
+                [(k, _dump(v)) for k, v in tx.agents.items()],
+            )
+            conn.executemany(
+                "INSERT OR REPLACE INTO notices (id, data) VALUES (?, ?)",
+                [(k, _dump(v)) for k, v in tx.notices.items()],
+            )
+            conn.executemany(
+                "INSERT OR REPLACE INTO resolutions (id, data) VALUES (?, ?)",
+                [(k, _dump(v)) for k, v in tx.resolutions.items()],
+            )
+            conn.executemany(
+                "INSERT OR REPLACE INTO commands (key, data) VALUES (?, ?)",
+                [(k, _dump(v)) for k, v in tx.commands.items()],
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:  # SQLite may have rolled back by itself already
+                conn.execute("ROLLBACK")
+            raise
+
+    async def read(
+        self, after: int = 0, *, agent_id: str | None = None, limit: int = 1000
+    ) -> list[Event]:
+        result: list[Event] = await self._run(self._read, after, agent_id, limit)
+        return result
+
+    def _read(self, after: int, agent_id: str | None, limit: int) -> list[Event]:
+        conn = self._require()
+        if agent_id is None:
+            rows = conn.execute(
+                "SELECT seq, ts, type, agent_id, data FROM events WHERE seq > ? "
+                "ORDER BY seq LIMIT ?",
+                (after, limit),
+            )
+        else:
+            rows = conn.execute(
+                "SELECT seq, ts, type, agent_id, data FROM events "
+                "WHERE agent_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (agent_id, after, limit),
+            )
+        return [Event(s, ts, t, a, json.loads(d)) for s, ts, t, a, d in rows]
+
+    async def refresh(self) -> None:
+        """Nothing to do: this process is the file's only writer, and a commit that fails
+        here did not happen."""
+
+    async def replay(self) -> State:
+        events: list[Event] = await self._run(self._read, 0, None, 2**62)
+        return replay(events)
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._run(self._require().close)
+            self._conn = None
+        self._executor.shutdown(wait=True)
+
+    def _require(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise UsageError(f"the store at {str(self.path)!r} is not open")
+        return self._conn
+
+    def __repr__(self) -> str:
+        return f"SQLiteStore({str(self.path)!r})"
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark the outcome of an append seen, so a cancelled caller leaves no warning behind."""
+    if not task.cancelled():
+        task.exception()
