@@ -12,9 +12,17 @@ import pytest
 from fastapi import FastAPI
 from starlette.types import Message
 
-from corral.daemon import AgentService, SQLiteStore, create_app
+from corral.daemon import (
+    AgentNotFoundError,
+    AgentService,
+    RemoteError,
+    ServiceClosedError,
+    SQLiteStore,
+    create_app,
+    http_status,
+)
 from corral.daemon._auth import agent_token
-from corral.kernel import InvalidArgumentError
+from corral.kernel import BudgetExhaustedError, InvalidArgumentError
 from tests.support.harness import ScriptedHarness, fail
 from tests.support.polling import settle
 
@@ -913,3 +921,34 @@ async def test_forged_agent_tokens_are_401(scoped: Api, token: str) -> None:
     async with scoped.client(app, authorization=f"Bearer {token}") as client:
         response = await client.get(f"/agents/{agent_id}")
     error_of(response, 401, "unauthorized")
+
+
+def test_every_gateway_code_answers_with_its_status() -> None:
+    from corral.gateway import GatewayError
+    from corral.gateway._errors import CODES
+
+    statuses = {
+        400: "parse_error multiple_statements forbidden_statement forbidden_function "
+        "unknown_table unknown_column invalid_operation idempotency_key_required "
+        "read_only_violation invalid_data",
+        408: "statement_timeout",
+        409: "idempotency_in_progress outcome_unknown constraint_violation transaction_conflict",
+        422: "idempotency_conflict",
+        423: "agent_frozen",
+        429: "pool_exhausted",
+        500: "database_error",
+        503: "database_unavailable",
+    }
+    expected = {code: status for status, codes in statuses.items() for code in codes.split()}
+    assert set(expected) == set(CODES)
+    for code, status in expected.items():
+        assert http_status(GatewayError(code, "x")) == status, code
+
+
+def test_statuses_of_the_daemons_errors_and_other_errors() -> None:
+    assert http_status(AgentNotFoundError("a_1")) == 404
+    assert http_status(ServiceClosedError("spawn")) == 503
+    assert http_status(InvalidArgumentError("f", "x", "y", 1)) == 400
+    # A kernel error that shares a code with one of the daemon's keeps its family's status.
+    assert http_status(BudgetExhaustedError("tokens", 1, 2)) == 500
+    assert http_status(RemoteError("teapot", "short", status=418)) == 418

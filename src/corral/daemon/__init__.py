@@ -28,7 +28,6 @@ from corral.daemon._errors import (
     SpawnRefusedError,
     StoreUnavailableError,
     UnauthorizedError,
-    http_status,
 )
 from corral.daemon._events import Event, NewEvent
 from corral.daemon._harness import Harness, TurnFailedError, TurnRequest, TurnResult
@@ -41,6 +40,7 @@ from corral.daemon._service import AgentService, CommandResult
 from corral.daemon._spec import AgentSpec, parse_spec
 from corral.daemon._sqlite import SQLiteStore
 from corral.daemon._state import State, replay
+from corral.daemon._status import http_status
 from corral.daemon._store import Store
 
 __all__ = [

@@ -207,7 +207,6 @@ class DaemonUnreachableError(DaemonError):
     """No daemon answers at the URL (refused, unresolvable, timed out or dropped)."""
 
     code = "daemon_unreachable"
-    status = 503
     default_retryable = True
 
     def __init__(self, url: str, reason: str) -> None:

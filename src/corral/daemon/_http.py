@@ -39,10 +39,10 @@ from corral.daemon._errors import (
     InvalidSpecError,
     OutOfScopeError,
     UnauthorizedError,
-    http_status,
 )
 from corral.daemon._service import AgentService, CommandResult
 from corral.daemon._spec import AgentSpec, parse_spec, problems_of
+from corral.daemon._status import http_status
 from corral.kernel import CorralError, InvalidArgumentError
 from corral.kernel import _validate as v
 
@@ -66,7 +66,6 @@ class InvalidRequestError(InvalidSpecError):
 
 class BodyTooLargeError(DaemonError):
     code = "body_too_large"
-    status = 413
 
     def __init__(self, limit: int, seen: int, *, declared: bool) -> None:
         how = "declares" if declared else "sent at least"
@@ -79,7 +78,6 @@ class BodyTooLargeError(DaemonError):
 
 class UnsupportedMediaTypeError(DaemonError):
     code = "unsupported_media_type"
-    status = 415
 
     def __init__(self, content_type: str | None) -> None:
         super().__init__(
@@ -93,7 +91,6 @@ class ForbiddenOriginError(DaemonError):
     """A browser request from another site (or a DNS-rebound name) is refused."""
 
     code = "forbidden_origin"
-    status = 403
 
     def __init__(self, origin: str) -> None:
         super().__init__(
@@ -105,7 +102,6 @@ class ForbiddenOriginError(DaemonError):
 
 class RouteNotFoundError(DaemonError):
     code = "not_found"
-    status = 404
 
     def __init__(self, method: str, path: str) -> None:
         super().__init__(f"no route for {method} {path}", method=method, path=path)
@@ -113,7 +109,6 @@ class RouteNotFoundError(DaemonError):
 
 class MethodNotAllowedError(DaemonError):
     code = "method_not_allowed"
-    status = 405
 
     def __init__(self, method: str, path: str) -> None:
         super().__init__(f"{path} does not take {method}", method=method, path=path)
@@ -121,7 +116,6 @@ class MethodNotAllowedError(DaemonError):
 
 class InternalError(DaemonError):
     code = "internal_error"
-    status = 500
 
     def __init__(self) -> None:
         super().__init__("internal error; the daemon's log has the details")
