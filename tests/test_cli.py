@@ -21,9 +21,10 @@ from corral import cli
 from corral.daemon import (
     AgentNotFoundError,
     DaemonError,
+    DaemonUnreachableError,
     InvalidSpecError,
+    RemoteError,
 )
-from corral.daemon._client import DaemonUnreachableError, RemoteError
 from corral.kernel import InvalidArgumentError
 from tests.daemon.test_client import Daemon, free_port, running_daemon
 from tests.support.harness import fail

@@ -15,25 +15,23 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from corral.daemon import (
+    AgentApi,
     AgentNotFoundError,
     AgentNotLiveError,
     AgentService,
+    DaemonUnreachableError,
     Event,
+    HttpApi,
     IdempotencyConflictError,
     InvalidSpecError,
-    SQLiteStore,
-    UnauthorizedError,
-)
-from corral.daemon._client import (
-    AgentApi,
-    DaemonUnreachableError,
-    HttpApi,
     LocalApi,
     RemoteError,
-    error_from_answer,
+    SQLiteStore,
+    UnauthorizedError,
+    create_app,
     follow_events,
 )
-from corral.daemon._http import create_app
+from corral.daemon._client import error_from_answer
 from corral.kernel import CorralError, InvalidArgumentError
 from corral.runtime import FakeClock
 from tests.support.harness import ScriptedHarness, fail

@@ -13,12 +13,18 @@ import psycopg
 import pytest
 from mcp import Client
 
-from corral.daemon import AgentService, SQLiteStore, create_app
+from corral.daemon import (
+    AgentService,
+    HttpApi,
+    LocalApi,
+    RemoteError,
+    SQLiteStore,
+    build_mcp_server,
+    create_app,
+)
 from corral.daemon._auth import agent_token
-from corral.daemon._client import HttpApi, LocalApi, RemoteError
 from corral.daemon._databases import Databases, parse_db_option, to_json
 from corral.daemon._errors import UnknownTargetError
-from corral.daemon._mcp import build_mcp_server
 from corral.gateway import BreakerPolicy, Gateway, GatewayError
 from corral.kernel import InvalidArgumentError
 from tests.daemon.test_client import serving

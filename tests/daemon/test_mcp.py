@@ -19,11 +19,17 @@ from mcp.shared.exceptions import MCPError
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from corral.daemon import AgentService, SQLiteStore
+from corral.daemon import (
+    AgentService,
+    LocalApi,
+    SQLiteStore,
+    build_mcp_server,
+    create_app,
+    mcp_asgi_app,
+    run_stdio,
+)
 from corral.daemon._auth import agent_token
-from corral.daemon._client import HttpApi, LocalApi
-from corral.daemon._http import create_app
-from corral.daemon._mcp import TOOLS, build_mcp_server, mcp_asgi_app, run_stdio
+from corral.daemon._mcp import TOOLS
 from corral.kernel import InvalidArgumentError
 from tests.daemon.test_client import running_daemon, serving
 from tests.support.harness import ScriptedHarness, fail
@@ -241,11 +247,8 @@ async def test_an_agent_token_reaches_through_mcp_what_it_reaches_over_http(
     child = (await service.spawn({**SPEC, "name": "child", "parent": lead})).body["id"]
     other = (await service.spawn({**SPEC, "name": "other"})).body["id"]
     app = create_app(service, token="s3cret")
-
-    def scoped(token: str) -> HttpApi:
-        return HttpApi("http://daemon", token=token, transport=httpx.ASGITransport(app=app))
-
-    mcp = mcp_asgi_app(LocalApi(service), scoped=scoped)
+    api = LocalApi(service)
+    mcp = mcp_asgi_app(api, scoped=api.as_agent)
     app.router.routes.append(Route("/mcp", endpoint=mcp.app))
     headers = {"Authorization": f"Bearer {agent_token('s3cret', lead)}"}
     try:

@@ -6,11 +6,12 @@ decisions, and writes everything to a ``Store`` (SQLite or PostgreSQL) as an app
 event log with projections, committed before anything is announced.
 """
 
+from typing import TYPE_CHECKING
+
+from corral.daemon._api import AgentApi, LocalApi
 from corral.daemon._client import (
-    AgentApi,
     DaemonUnreachableError,
     HttpApi,
-    LocalApi,
     RemoteError,
     follow_events,
 )
@@ -42,6 +43,9 @@ from corral.daemon._sqlite import SQLiteStore
 from corral.daemon._state import State, replay
 from corral.daemon._status import http_status
 from corral.daemon._store import Store
+
+if TYPE_CHECKING:  # imported on first use (see __getattr__), typed here
+    from corral.daemon._mcp import McpApp, build_mcp_server, mcp_asgi_app, run_stdio
 
 __all__ = [
     "AgentApi",

@@ -1,24 +1,6 @@
-"""The agent service's MCP tools, over streamable HTTP (``mcp_asgi_app``) or stdio.
-
-Tools: ``agent_spawn``, ``agent_prompt``, ``agent_stop``, ``agent_status``, ``agent_list``,
-``inbox_read``, ``decisions_list``, and the gateway's ``db_targets``, ``db_schema``,
-``db_query``, ``db_status``, ``db_reinstate``; each is one call on an :class:`AgentApi`. A
-refusal is an MCP tool error (``isError``) whose text is ``"<code>: <message>"`` and whose
-structured content is ``{"error": {code, message, retryable, details}}``, the HTTP API's error body.
-
-Mounting the streamable HTTP endpoint in a Starlette or FastAPI app (``create_app``'s)::
-
-    mcp = mcp_asgi_app(LocalApi(service), host=config.host)
-    app.router.routes.append(Route("/mcp", endpoint=mcp.app))  # starlette.routing.Route
-
-    async with mcp.lifespan():        # around the server: Starlette never runs the lifespan
-        await server.serve()          # of a routed app, and the endpoint answers only inside
-
-(or enter ``mcp.lifespan()`` in the app's own lifespan). Use a ``Route`` at ``/mcp``, not
-``Mount``: MCP clients do not follow the redirect from ``/mcp`` to ``/mcp/``. The app's
-middleware (bearer token, body limit) applies to ``/mcp`` like to any route.
-``mcp.lifespan()`` may be entered once per :func:`mcp_asgi_app` call.
-"""
+"""The agent service's MCP tools, each one call on an ``AgentApi``, over streamable HTTP
+(``mcp_asgi_app``, mounted at ``/mcp`` by the daemon) or stdio (``run_stdio``). How to mount
+the endpoint in an app of your own: docs/daemon.md, "MCP"."""
 
 from __future__ import annotations
 
@@ -38,11 +20,10 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
-from starlette.datastructures import Headers
 from starlette.types import ASGIApp
 
+from corral.daemon._api import AgentApi
 from corral.daemon._auth import AGENT_SCOPE_KEY
-from corral.daemon._client import AgentApi
 from corral.daemon._errors import InvalidSpecError, OutOfScopeError
 from corral.daemon._spec import AgentSpec, problems_of
 from corral.kernel import CorralError
@@ -382,9 +363,9 @@ def _error(error: CorralError) -> types.CallToolResult:
     )
 
 
-ScopedApi = Callable[[str], AbstractAsyncContextManager[AgentApi]]
-"""``scoped(token)``: an :class:`AgentApi` that acts with an agent's bearer token (so with
-that agent's scope), for the length of one tool call."""
+ScopedApi = Callable[[str], AgentApi]
+"""``scoped(agent_id)``: the :class:`AgentApi` with the reach of that agent's own token
+(:meth:`LocalApi.as_agent`)."""
 
 
 def build_mcp_server(
@@ -395,7 +376,7 @@ def build_mcp_server(
     Any transport of the SDK can run it (``Client(server)`` connects to it in process).
     Refusals of ``api`` come back as tool errors; a tool name that does not exist is a
     JSON-RPC ``INVALID_PARAMS`` error, as the protocol asks. Over HTTP, a request the daemon's
-    gate marked as an agent's (its own token) is served by ``scoped(token)`` instead, so an
+    gate marked as an agent's (its own token) is served by ``scoped(agent_id)`` instead, so an
     agent reaches through MCP exactly what its token reaches over HTTP; without ``scoped``
     such a request is refused (``out_of_scope``).
     """
@@ -424,13 +405,12 @@ def build_mcp_server(
         except pydantic.ValidationError as exc:
             return _error(InvalidSpecError(problems_of(exc), what=f"{tool.name} arguments"))
         try:
-            token = _agent_token(ctx)
-            if token is None:
+            principal = _principal(ctx)
+            if principal is None:
                 return _result(await tool.run(api, args))
             if scoped is None:
-                raise OutOfScopeError(token[1], "the MCP endpoint (run `corral mcp` instead)")
-            async with scoped(token[0]) as agent_api:
-                return _result(await tool.run(agent_api, args))
+                raise OutOfScopeError(principal, "the MCP endpoint (run `corral mcp` instead)")
+            return _result(await tool.run(scoped(principal), args))
         except CorralError as exc:
             return _error(exc)
         except Exception:
@@ -453,15 +433,14 @@ def build_mcp_server(
     )
 
 
-def _agent_token(ctx: ServerRequestContext[Any]) -> tuple[str, str] | None:
-    """``(token, agent id)`` when the HTTP request carries an agent's token (the gate put the
-    agent in its scope), else None."""
-    request = ctx.request
-    scope = getattr(request, "scope", None)
-    if not isinstance(scope, dict) or not isinstance(scope.get(AGENT_SCOPE_KEY), str):
+def _principal(ctx: ServerRequestContext[Any]) -> str | None:
+    """The agent whose own token the HTTP request carries (the daemon's gate put it in the
+    request's scope), else None."""
+    scope = getattr(ctx.request, "scope", None)
+    if not isinstance(scope, dict):
         return None
-    header = Headers(scope=scope).get("authorization", "")
-    return header.partition(" ")[2].strip(), str(scope[AGENT_SCOPE_KEY])
+    principal = scope.get(AGENT_SCOPE_KEY)
+    return principal if isinstance(principal, str) else None
 
 
 class McpApp(NamedTuple):
@@ -483,14 +462,15 @@ def mcp_asgi_app(
     stateless: bool = True,
     scoped: ScopedApi | None = None,
 ) -> McpApp:
-    """The MCP tools over streamable HTTP as an ASGI app (see the module doc to mount it).
+    """The MCP tools over streamable HTTP as an ASGI app (docs/daemon.md shows how to mount
+    it: a ``Route`` at ``/mcp``, with ``lifespan()`` entered around the server).
 
     ``host`` is where the daemon listens: on loopback, requests whose ``Host`` or
     ``Origin`` is not loopback are refused (DNS-rebinding protection); elsewhere the
     daemon's bearer token guards the endpoint and ``allowed_hosts`` (``"name:port"``,
     ``"name:*"``) may narrow it further. ``stateless`` serves each request on its own, with
     no MCP session to keep or expire. ``scoped``: see :func:`build_mcp_server` (the daemon
-    passes one that calls its own HTTP API with the agent's token).
+    passes :meth:`LocalApi.as_agent`).
     """
     v.instance_of("mcp_asgi_app", "api", api, AgentApi)
     v.non_empty_str("mcp_asgi_app", "host", host)

@@ -17,11 +17,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import httpx
 import uvicorn
 from starlette.routing import Route
 
-from corral.daemon._client import HttpApi, LocalApi
+from corral.daemon._api import LocalApi
 from corral.daemon._databases import Databases, check_target_name, target_kind
 from corral.daemon._dsn import parse_dsn, redacted
 from corral.daemon._errors import DaemonError
@@ -218,12 +217,10 @@ async def _run(
 
     # MCP over streamable HTTP, behind the same token and body limit as every other route.
     # A Route at exactly /mcp, not a Mount: MCP clients do not follow a redirect to /mcp/.
-    def scoped(token: str) -> HttpApi:
-        # An agent's MCP call goes through the HTTP API in process, with the agent's token:
-        # one place decides what a token reaches.
-        return HttpApi(local_url, token=token, transport=httpx.ASGITransport(app=app))
-
-    mcp = mcp_asgi_app(LocalApi(service, databases), host=config.host, scoped=scoped)
+    # An agent's token reaches through a tool what it reaches over HTTP: both call the
+    # scoped API.
+    api = LocalApi(service, databases)
+    mcp = mcp_asgi_app(api, host=config.host, scoped=api.as_agent)
     app.router.routes.append(Route("/mcp", endpoint=mcp.app))
     try:
         async with mcp.lifespan():
