@@ -62,7 +62,11 @@ class SpawnBody(AgentSpec):
 
     @staticmethod
     async def read(request: Request) -> tuple[AgentSpec, str | None]:
-        """The spec and the key; ``InvalidSpecError`` lists every problem of both."""
+        """The spec and the key; ``InvalidSpecError`` lists every problem of both.
+
+        The spec is checked by :func:`parse_spec`, as any spec is (its fields, then the rules
+        across fields), and the key beside it, so that one answer lists the problems of both.
+        """
         data = json_value(await read_body(request))
         problems: list[dict[str, Any]] = []
         key = None

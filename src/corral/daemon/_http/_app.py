@@ -98,9 +98,6 @@ def create_app(
 # --- helpers ------------------------------------------------------------------------------
 
 
-_PRINCIPAL = AGENT_SCOPE_KEY  # set by _Gate for a request with an agent's token
-
-
 async def _corral_error(request: Request, exc: CorralError) -> JSONResponse:
     return error_response(exc)
 
@@ -200,7 +197,7 @@ class _Gate:
 
     def _refusal(self, scope: Scope, headers: Headers) -> CorralError | None:
         public = scope["method"] in ("GET", "HEAD") and scope["path"] == "/healthz"
-        scope.pop(_PRINCIPAL, None)  # only this gate says who is calling
+        scope.pop(AGENT_SCOPE_KEY, None)  # only this gate says who is calling
         if self.secret is not None and self.token is not None and not public:
             scheme, _, given = headers.get("authorization", "").partition(" ")
             presented = given.strip()
@@ -210,7 +207,7 @@ class _Gate:
                 principal = agent_of_token(self.secret, presented)
                 if principal is None:
                     return UnauthorizedError()
-                scope[_PRINCIPAL] = principal
+                scope[AGENT_SCOPE_KEY] = principal  # read by the routes' api_of
         origin = headers.get("origin")
         if origin is not None and not self._origin_allowed(origin, headers.get("host")):
             return ForbiddenOriginError(origin)
