@@ -20,6 +20,7 @@ from corral.daemon import (
     IdempotencyConflictError,
     InvalidSpecError,
     LocalApi,
+    OutOfScopeError,
     RemoteError,
     UnauthorizedError,
     follow_events,
@@ -191,6 +192,49 @@ def test_error_from_answer_keeps_unknown_codes_and_non_json() -> None:
     assert (odd.message, odd.retryable, odd.details) == ("agent_not_found", False, {})
     # Only the errors of corral.daemon are rebuilt; the base family is never faked.
     assert isinstance(error_from_answer(400, {"error": {"code": "corral_error"}}), RemoteError)
+
+
+# --- an agent's reach ------------------------------------------------------------------------
+
+
+async def test_local_api_as_an_agent_reaches_its_subtree_only(front: FrontDoor) -> None:
+    front.harness.script("w", fail("no key"))
+    lead = await front.spawn(name="lead")
+    child = await front.spawn(name="w", parent=lead, prompt="go", onFailure="ask")
+    other = await front.spawn(name="other")
+    await front.settled(child, "blocked")
+    api = front.api.as_agent(lead)
+    assert isinstance(api, AgentApi)
+    assert {a["id"] for a in await api.list_agents()} == {lead, child}
+    assert (await api.get(child))["parent"] == lead
+    assert [d["agentId"] for d in await api.decisions()] == [child]
+    helper = await api.spawn({**SPEC, "name": "helper", "parent": child})
+    assert helper["parent"] == child
+    before = front.store.state.last_seq
+    refusals = [
+        api.get(other),
+        api.prompt(other, "x"),
+        api.stop(other),
+        api.inbox(other),
+        api.spawn({**SPEC, "name": "root"}),
+        api.spawn({**SPEC, "name": "stray", "parent": other}),
+        api.events(),
+        api.events(agent=other),
+        api.db_query(other, {"sql": "SELECT 1"}),
+        api.db_status(other),
+        api.db_freeze(child, "runaway", by="alice"),
+        api.db_reinstate(lead, "alice", "fixed"),
+    ]
+    for refused in refusals:
+        with pytest.raises(OutOfScopeError) as caught:
+            await refused
+        assert caught.value.details["principal"] == lead
+    assert front.store.state.last_seq == before  # nothing applied
+    own = await api.events(agent=child)
+    assert own
+    assert all(e.agent_id == child for e in own)
+    # The operator's API is untouched by the agent's.
+    assert len(await front.api.list_agents()) == 4
 
 
 # --- bad arguments ------------------------------------------------------------------------

@@ -20,7 +20,6 @@ from corral.daemon import (
     build_mcp_server,
     create_app,
 )
-from corral.daemon._auth import agent_token
 from corral.daemon._databases import Databases, parse_db_option, to_json
 from corral.daemon._errors import UnknownTargetError
 from corral.gateway import BreakerPolicy, Gateway, GatewayError
@@ -283,7 +282,7 @@ async def test_an_agent_token_reaches_its_subtree_and_cannot_reinstate(env: Env)
     agent = await env.spawn(name="lead")
     child = await env.spawn(name="child", parent=agent)
     other = await env.spawn(name="other")
-    token = agent_token(DAEMON_TOKEN, agent)
+    token = env.front.agent_token(agent)
     async with env.client(token) as http:
         mine = await http.post("/gateway/query", json={"target": "shop", "sql": "SELECT 1 AS x"})
         as_other = await http.post(

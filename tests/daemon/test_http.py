@@ -769,7 +769,7 @@ async def test_each_agent_is_given_a_token_of_its_own_not_the_daemons(
     await scoped_front.settled(agent_id, "idle")
     (request,) = scoped_front.harness.requests
     given = request.env["CORRAL_TOKEN"]
-    assert given == agent_token(DAEMON_TOKEN, agent_id)
+    assert given == scoped_front.agent_token(agent_id)
     assert given.startswith(f"corral-agent.{agent_id}.")
     assert DAEMON_TOKEN not in given
     assert request.env["CORRAL_URL"] == "http://127.0.0.1:4600"
@@ -863,7 +863,7 @@ async def test_forged_agent_tokens_are_401(scoped_front: FrontDoor, token: str) 
     token = token.format(
         id=agent_id,
         other_daemon=agent_token("another-daemon-token", agent_id),
-        id_swapped=agent_token(DAEMON_TOKEN, other_id).replace(other_id, agent_id),
+        id_swapped=scoped_front.agent_token(other_id).replace(other_id, agent_id),
     )
     app = create_app(scoped_front.service, token=DAEMON_TOKEN)
     async with scoped_front.client(app, authorization=f"Bearer {token}") as client:

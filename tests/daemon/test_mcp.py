@@ -25,10 +25,9 @@ from corral.daemon import (
     mcp_asgi_app,
     run_stdio,
 )
-from corral.daemon._auth import agent_token
 from corral.daemon._mcp import TOOLS
 from corral.kernel import InvalidArgumentError
-from tests.support.front_door import DAEMON_TOKEN, FrontDoor, serving
+from tests.support.front_door import FrontDoor, serving
 from tests.support.harness import ScriptedHarness, fail
 from tests.support.polling import settle
 
@@ -219,7 +218,7 @@ async def test_an_agent_token_reaches_through_mcp_what_it_reaches_over_http(
     app = scoped_front.app()
     mcp = mcp_asgi_app(scoped_front.api, scoped=scoped_front.api.as_agent)
     app.router.routes.append(Route("/mcp", endpoint=mcp.app))
-    headers = {"Authorization": f"Bearer {agent_token(DAEMON_TOKEN, lead)}"}
+    headers = {"Authorization": f"Bearer {scoped_front.agent_token(lead)}"}
     async with (
         mcp.lifespan(),
         serving(app) as url,
@@ -241,12 +240,12 @@ async def test_an_agent_token_reaches_through_mcp_what_it_reaches_over_http(
         assert structured(root)["error"]["code"] == "out_of_scope"
 
 
-async def test_without_a_scoped_api_an_agent_token_is_refused(front: FrontDoor) -> None:
-    app = create_app(front.service, token="s3cret")
-    mcp = mcp_asgi_app(front.api)
+async def test_without_a_scoped_api_an_agent_token_is_refused(scoped_front: FrontDoor) -> None:
+    app = scoped_front.app()
+    mcp = mcp_asgi_app(scoped_front.api)
     app.router.routes.append(Route("/mcp", endpoint=mcp.app))
-    agent = (await front.service.spawn({**SPEC, "name": "w"})).body["id"]
-    headers = {"Authorization": f"Bearer {agent_token('s3cret', agent)}"}
+    agent = (await scoped_front.service.spawn({**SPEC, "name": "w"})).body["id"]
+    headers = {"Authorization": f"Bearer {scoped_front.agent_token(agent)}"}
     async with (
         mcp.lifespan(),
         serving(app) as url,

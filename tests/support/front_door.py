@@ -54,10 +54,14 @@ class FrontDoor:
         transport = httpx.ASGITransport(app=app or create_app(self.service))
         return httpx.AsyncClient(transport=transport, base_url=LOCAL_URL, headers=headers)
 
+    def agent_token(self, agent_id: str) -> str:
+        """The token the daemon gives ``agent_id`` (``CORRAL_TOKEN`` in its environment)."""
+        assert self.token is not None, "agent tokens need a daemon token"
+        return agent_token(self.token, agent_id)
+
     def agent_client(self, agent_id: str, **options: Any) -> httpx.AsyncClient:
         """A client of the app (with the daemon's token) carrying ``agent_id``'s own token."""
-        assert self.token is not None, "agent tokens need a daemon token"
-        bearer = f"Bearer {agent_token(self.token, agent_id)}"
+        bearer = f"Bearer {self.agent_token(agent_id)}"
         return self.client(self.app(**options), authorization=bearer)
 
     async def spawn(self, **spec: Any) -> str:
