@@ -6,17 +6,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from corral.daemon import HttpApi
 from tests.support.front_door import (
     DAEMON_TOKEN,
     FrontDoor,
-    ServedDaemon,
     front_door,
     running_daemon,
-    running_serve,
 )
 
 
@@ -36,13 +33,6 @@ async def scoped_front(tmp_path: Path) -> AsyncIterator[FrontDoor]:
 
 
 @pytest.fixture
-async def front_client(front: FrontDoor) -> AsyncIterator[httpx.AsyncClient]:
-    """An httpx client of :func:`front`'s HTTP app, in process."""
-    async with front.client() as client:
-        yield client
-
-
-@pytest.fixture
 async def daemon(tmp_path: Path) -> AsyncIterator[FrontDoor]:
     """A :func:`front`-like service whose HTTP app is served on a loopback port (``url``)."""
     async with running_daemon(tmp_path) as door:
@@ -54,10 +44,3 @@ async def http_api(daemon: FrontDoor) -> AsyncIterator[HttpApi]:
     """An :class:`HttpApi` of :func:`daemon`."""
     async with HttpApi(daemon.url) as api:
         yield api
-
-
-@pytest.fixture
-async def served(tmp_path: Path) -> AsyncIterator[ServedDaemon]:
-    """``corral.daemon.serve`` itself on a loopback port, without a token."""
-    async with running_serve(tmp_path) as daemon:
-        yield daemon

@@ -122,7 +122,10 @@ async def serving(app: ASGIApp) -> AsyncIterator[str]:
 @contextlib.asynccontextmanager
 async def running_daemon(tmp_path: Path, token: str | None = None) -> AsyncIterator[FrontDoor]:
     """A :class:`FrontDoor` whose app is served on a loopback port (``url``)."""
-    async with front_door(tmp_path, token=token) as door, serving(door.app(heartbeat_s=60)) as url:
+    async with (
+        front_door(tmp_path, token=token, name="daemon") as door,
+        serving(door.app(heartbeat_s=60)) as url,
+    ):
         door.url = url
         yield door
         await door.service.close()  # ends the event streams, so the server can stop
