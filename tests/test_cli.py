@@ -21,11 +21,12 @@ from corral import cli
 from corral.daemon import (
     AgentNotFoundError,
     DaemonError,
+    DaemonUnreachableError,
     InvalidSpecError,
+    RemoteError,
 )
-from corral.daemon._client import DaemonUnreachableError, RemoteError
 from corral.kernel import InvalidArgumentError
-from tests.daemon.test_client import Daemon, free_port, running_daemon
+from tests.support.front_door import FrontDoor, free_port, running_daemon
 from tests.support.harness import fail
 from tests.support.polling import settle
 
@@ -42,7 +43,7 @@ async def corral(*args: str, env: dict[str, str | None] | None = None) -> Result
 
 
 @pytest.fixture
-async def daemon(tmp_path: Path) -> AsyncIterator[Daemon]:
+async def daemon(tmp_path: Path) -> AsyncIterator[FrontDoor]:
     async with running_daemon(tmp_path) as d:
         yield d
 
@@ -53,7 +54,7 @@ def spec_file(tmp_path: Path, filename: str = "spec.json", **spec: Any) -> str:
     return str(path)
 
 
-async def spawn(daemon: Daemon, tmp_path: Path, **spec: Any) -> str:
+async def spawn(daemon: FrontDoor, tmp_path: Path, **spec: Any) -> str:
     result = await corral("--url", daemon.url, "spawn", spec_file(tmp_path, **spec), "--json")
     assert result.exit_code == 0, result.output
     return str(json.loads(result.stdout)["id"])
@@ -75,7 +76,7 @@ def refused(result: Result, code: int) -> str:
 # --- reading ------------------------------------------------------------------------------
 
 
-async def test_spawn_agents_and_show(daemon: Daemon, tmp_path: Path) -> None:
+async def test_spawn_agents_and_show(daemon: FrontDoor, tmp_path: Path) -> None:
     out = ok(await corral("--url", daemon.url, "spawn", spec_file(tmp_path, prompt="go")))
     first = out.split()[0]
     assert re.fullmatch(r"a_[0-9a-f]{8}", first)
@@ -112,7 +113,7 @@ async def test_spawn_agents_and_show(daemon: Daemon, tmp_path: Path) -> None:
     assert (record["id"], record["state"], record["turns"]) == (first, "idle", 1)
 
 
-async def test_supervision_from_the_command_line(daemon: Daemon, tmp_path: Path) -> None:
+async def test_supervision_from_the_command_line(daemon: FrontDoor, tmp_path: Path) -> None:
     parent = await spawn(daemon, tmp_path, name="boss")
     daemon.harness.script("w", fail("no access"))
     child = await spawn(daemon, tmp_path, prompt="go", onFailure="ask", parent=parent)
@@ -154,7 +155,7 @@ async def test_supervision_from_the_command_line(daemon: Daemon, tmp_path: Path)
     assert err.startswith(f"error agent_not_live: agent '{child}' is stopped;")
 
 
-async def test_events_reads_the_log(daemon: Daemon, tmp_path: Path) -> None:
+async def test_events_reads_the_log(daemon: FrontDoor, tmp_path: Path) -> None:
     a = await spawn(daemon, tmp_path, prompt="go")
     await settle(lambda: daemon.state(a) == "idle")
     b = await spawn(daemon, tmp_path, name="v")
@@ -176,7 +177,7 @@ async def test_events_reads_the_log(daemon: Daemon, tmp_path: Path) -> None:
     assert re.match(rf"\s+1\s+\S+\s+agent\.created\s+{a}\s+{{", text[0])
 
 
-async def test_events_follow_streams_live_events(daemon: Daemon, tmp_path: Path) -> None:
+async def test_events_follow_streams_live_events(daemon: FrontDoor, tmp_path: Path) -> None:
     first = await spawn(daemon, tmp_path)
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -207,7 +208,7 @@ async def test_events_follow_streams_live_events(daemon: Daemon, tmp_path: Path)
 # --- errors -------------------------------------------------------------------------------
 
 
-async def test_refusals_print_the_code_and_exit_2(daemon: Daemon, tmp_path: Path) -> None:
+async def test_refusals_print_the_code_and_exit_2(daemon: FrontDoor, tmp_path: Path) -> None:
     err = refused(await corral("--url", daemon.url, "show", "a_00000000"), 2)
     assert err == "error agent_not_found: no agent with id 'a_00000000'\n"
 
@@ -231,7 +232,7 @@ async def test_refusals_print_the_code_and_exit_2(daemon: Daemon, tmp_path: Path
     assert "Missing argument" in usage.stderr
 
 
-async def test_spawn_reads_the_spec_from_stdin(daemon: Daemon) -> None:
+async def test_spawn_reads_the_spec_from_stdin(daemon: FrontDoor) -> None:
     runner = CliRunner()
     args = ["--url", daemon.url, "spawn", "-", "--json"]
     result = await asyncio.to_thread(functools.partial(runner.invoke, APP, args, json.dumps(SPEC)))

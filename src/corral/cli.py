@@ -53,7 +53,7 @@ class _Target:
 
 def exit_code(error: CorralError) -> int:
     """2 for a usage error or a 4xx answer, 1 for anything else."""
-    from corral.daemon._errors import http_status
+    from corral.daemon._status import http_status
 
     status = http_status(error)
     return 2 if isinstance(error, UsageError) or 400 <= status < 500 else 1

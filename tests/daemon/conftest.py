@@ -1,4 +1,6 @@
-"""Fixtures for the daemon's tests: SQLite stores, a scripted harness, services over them."""
+"""Fixtures for the daemon's tests: SQLite stores, a scripted harness and services over them;
+the front doors (a service with its scoped API, a real server on loopback, an HTTP client; see
+tests/support/front_door.py for what they hold)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,13 @@ from typing import Any, Protocol
 
 import pytest
 
-from corral.daemon import AgentService, Harness, SQLiteStore, Store
+from corral.daemon import AgentService, Harness, HttpApi, SQLiteStore, Store
+from tests.support.front_door import (
+    DAEMON_TOKEN,
+    FrontDoor,
+    front_door,
+    running_daemon,
+)
 from tests.support.harness import ScriptedHarness
 
 
@@ -79,3 +87,35 @@ async def make_service(
 async def service(make_service: MakeService, sqlite_store: SQLiteStore) -> AgentService:
     """A started service over :func:`sqlite_store` with the scripted :func:`harness`."""
     return await make_service(sqlite_store)
+
+
+# --- front doors ----------------------------------------------------------------------
+
+
+@pytest.fixture
+async def front(tmp_path: Path) -> AsyncIterator[FrontDoor]:
+    """A started service with a scripted harness, and no token."""
+    async with front_door(tmp_path) as door:
+        yield door
+
+
+@pytest.fixture
+async def scoped_front(tmp_path: Path) -> AsyncIterator[FrontDoor]:
+    """A started service whose daemon has a token (:data:`DAEMON_TOKEN`), so that each agent
+    gets one of its own."""
+    async with front_door(tmp_path, token=DAEMON_TOKEN, name="scoped") as door:
+        yield door
+
+
+@pytest.fixture
+async def daemon(tmp_path: Path) -> AsyncIterator[FrontDoor]:
+    """A :func:`front`-like service whose HTTP app is served on a loopback port (``url``)."""
+    async with running_daemon(tmp_path) as door:
+        yield door
+
+
+@pytest.fixture
+async def http_api(daemon: FrontDoor) -> AsyncIterator[HttpApi]:
+    """An :class:`HttpApi` of :func:`daemon`."""
+    async with HttpApi(daemon.url) as api:
+        yield api

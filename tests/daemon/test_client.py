@@ -3,120 +3,36 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
-from starlette.types import ASGIApp
 
 from corral.daemon import (
+    AgentApi,
     AgentNotFoundError,
     AgentNotLiveError,
-    AgentService,
+    DaemonUnreachableError,
     Event,
+    HttpApi,
     IdempotencyConflictError,
     InvalidSpecError,
-    SQLiteStore,
-    UnauthorizedError,
-)
-from corral.daemon._client import (
-    AgentApi,
-    DaemonUnreachableError,
-    HttpApi,
     LocalApi,
+    OutOfScopeError,
     RemoteError,
-    error_from_answer,
+    UnauthorizedError,
     follow_events,
 )
-from corral.daemon._http import create_app
+from corral.daemon._client import error_from_answer
 from corral.kernel import CorralError, InvalidArgumentError
 from corral.runtime import FakeClock
+from tests.support.front_door import FrontDoor, free_port, running_daemon
 from tests.support.harness import ScriptedHarness, fail
 from tests.support.polling import settle
 
 SPEC: dict[str, Any] = {"name": "w", "harness": "command", "command": ["true"]}
-
-
-@asynccontextmanager
-async def serving(app: ASGIApp) -> AsyncIterator[str]:
-    """``app`` on a loopback port chosen by the OS; yields its base URL."""
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-    )
-    task = asyncio.create_task(server.serve())
-    await settle(lambda: server.started or task.done())
-    if task.done():
-        task.result()
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
-
-
-class Daemon:
-    def __init__(self, url: str, service: AgentService, harness: ScriptedHarness) -> None:
-        self.url = url
-        self.service = service
-        self.harness = harness
-
-    def state(self, agent_id: str) -> str:
-        return str(self.service.get(agent_id)["state"])
-
-    async def until(self, agent_id: str, state: str) -> None:
-        await settle(lambda: self.state(agent_id) == state)
-
-
-@asynccontextmanager
-async def running_daemon(tmp_path: Path, token: str | None = None) -> AsyncIterator[Daemon]:
-    store = SQLiteStore(tmp_path / "corral.db")
-    await store.open()
-    harness = ScriptedHarness()
-    service = AgentService(store, home=tmp_path / "home", harnesses={"command": harness})
-    await service.start()
-    try:
-        async with serving(create_app(service, token=token, heartbeat_s=60)) as url:
-            yield Daemon(url, service, harness)
-            await service.close()  # ends the event streams, so the server can stop
-    finally:
-        await service.close()
-        await store.close()
-
-
-@pytest.fixture
-async def daemon(tmp_path: Path) -> AsyncIterator[Daemon]:
-    async with running_daemon(tmp_path) as d:
-        yield d
-
-
-@pytest.fixture
-async def http(daemon: Daemon) -> AsyncIterator[HttpApi]:
-    async with HttpApi(daemon.url) as api:
-        yield api
-
-
-@pytest.fixture
-async def local(tmp_path: Path) -> AsyncIterator[tuple[LocalApi, ScriptedHarness]]:
-    store = SQLiteStore(tmp_path / "local.db")
-    await store.open()
-    harness = ScriptedHarness()
-    service = AgentService(store, home=tmp_path / "lhome", harnesses={"command": harness})
-    await service.start()
-    yield LocalApi(service), harness
-    await service.close()
-    await store.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --- the same behaviour through both implementations --------------------------------------
@@ -171,15 +87,17 @@ async def exercise(api: AgentApi, harness: ScriptedHarness, state: Callable[[str
     assert len(await api.list_agents()) == 1  # nothing created by the refusals
 
 
-async def test_local_api_runs_the_service(local: tuple[LocalApi, ScriptedHarness]) -> None:
-    api, harness = local
+async def test_local_api_runs_the_service(front: FrontDoor) -> None:
+    api, harness = front.api, front.harness
     assert isinstance(api, AgentApi)
     await exercise(api, harness, lambda agent_id: str(api.service.get(agent_id)["state"]))
 
 
-async def test_http_api_gives_the_same_answers_and_errors(daemon: Daemon, http: HttpApi) -> None:
-    assert isinstance(http, AgentApi)
-    await exercise(http, daemon.harness, daemon.state)
+async def test_http_api_gives_the_same_answers_and_errors(
+    daemon: FrontDoor, http_api: HttpApi
+) -> None:
+    assert isinstance(http_api, AgentApi)
+    await exercise(http_api, daemon.harness, daemon.state)
 
 
 async def test_http_api_sends_the_token_and_maps_401(tmp_path: Path) -> None:
@@ -193,8 +111,10 @@ async def test_http_api_sends_the_token_and_maps_401(tmp_path: Path) -> None:
         assert refused.value.message == "a valid bearer token is required"
 
 
-async def test_http_api_maps_unknown_codes_to_remote_error(daemon: Daemon, http: HttpApi) -> None:
-    agent_id = (await http.spawn(SPEC))["id"]
+async def test_http_api_maps_unknown_codes_to_remote_error(
+    daemon: FrontDoor, http_api: HttpApi
+) -> None:
+    agent_id = (await http_api.spawn(SPEC))["id"]
     bad = httpx.AsyncClient(base_url=daemon.url)
     async with bad:
         answer = await bad.post(f"/agents/{agent_id}/prompt", json={"text": 5})
@@ -205,19 +125,19 @@ async def test_http_api_maps_unknown_codes_to_remote_error(daemon: Daemon, http:
     assert error.details["problems"][0]["field"] == "text"
     # Through HttpApi the same route answers the same way for an unknown agent id.
     with pytest.raises(AgentNotFoundError):
-        await http.prompt("a_ffffffff", "x")
+        await http_api.prompt("a_ffffffff", "x")
 
 
-async def test_http_api_events_pages_the_log(daemon: Daemon, http: HttpApi) -> None:
-    agent_id = (await http.spawn({**SPEC, "prompt": "go"}))["id"]
+async def test_http_api_events_pages_the_log(daemon: FrontDoor, http_api: HttpApi) -> None:
+    agent_id = (await http_api.spawn({**SPEC, "prompt": "go"}))["id"]
     await daemon.until(agent_id, "idle")
-    events = await http.events()
+    events = await http_api.events()
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     assert (events[0].type, events[0].agent_id) == ("agent.created", agent_id)
-    assert [e.seq for e in await http.events(after=2, limit=1)] == [3]
-    assert all(e.agent_id == agent_id for e in await http.events(agent=agent_id))
+    assert [e.seq for e in await http_api.events(after=2, limit=1)] == [3]
+    assert all(e.agent_id == agent_id for e in await http_api.events(agent=agent_id))
     with pytest.raises(AgentNotFoundError):
-        await http.events(agent="a_00000000")
+        await http_api.events(agent="a_00000000")
 
 
 async def test_no_daemon_is_a_clear_error() -> None:
@@ -274,13 +194,56 @@ def test_error_from_answer_keeps_unknown_codes_and_non_json() -> None:
     assert isinstance(error_from_answer(400, {"error": {"code": "corral_error"}}), RemoteError)
 
 
+# --- an agent's reach ------------------------------------------------------------------------
+
+
+async def test_local_api_as_an_agent_reaches_its_subtree_only(front: FrontDoor) -> None:
+    front.harness.script("w", fail("no key"))
+    lead = await front.spawn(name="lead")
+    child = await front.spawn(name="w", parent=lead, prompt="go", onFailure="ask")
+    other = await front.spawn(name="other")
+    await front.settled(child, "blocked")
+    api = front.api.as_agent(lead)
+    assert isinstance(api, AgentApi)
+    assert {a["id"] for a in await api.list_agents()} == {lead, child}
+    assert (await api.get(child))["parent"] == lead
+    assert [d["agentId"] for d in await api.decisions()] == [child]
+    helper = await api.spawn({**SPEC, "name": "helper", "parent": child})
+    assert helper["parent"] == child
+    before = front.store.state.last_seq
+    refusals = [
+        api.get(other),
+        api.prompt(other, "x"),
+        api.stop(other),
+        api.inbox(other),
+        api.spawn({**SPEC, "name": "root"}),
+        api.spawn({**SPEC, "name": "stray", "parent": other}),
+        api.events(),
+        api.events(agent=other),
+        api.db_query(other, {"sql": "SELECT 1"}),
+        api.db_status(other),
+        api.db_freeze(child, "runaway", by="alice"),
+        api.db_reinstate(lead, "alice", "fixed"),
+    ]
+    for refused in refusals:
+        with pytest.raises(OutOfScopeError) as caught:
+            await refused
+        assert caught.value.details["principal"] == lead
+    assert front.store.state.last_seq == before  # nothing applied
+    own = await api.events(agent=child)
+    assert own
+    assert all(e.agent_id == child for e in own)
+    # The operator's API is untouched by the agent's.
+    assert len(await front.api.list_agents()) == 4
+
+
 # --- bad arguments ------------------------------------------------------------------------
 
 
 async def test_bad_arguments_are_refused_up_front(
-    local: tuple[LocalApi, ScriptedHarness],
+    front: FrontDoor,
 ) -> None:
-    api, _ = local
+    api = front.api
     with pytest.raises(InvalidArgumentError, match="LocalApi: service must be"):
         LocalApi("service")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match="spawn: spec must be a mapping"):
@@ -369,15 +332,15 @@ async def take(stream: AsyncIterator[Event], n: int) -> list[Event]:
 
 
 async def test_follow_events_streams_the_log_then_live_events(
-    daemon: Daemon, http: HttpApi
+    daemon: FrontDoor, http_api: HttpApi
 ) -> None:
-    first = (await http.spawn(SPEC))["id"]
+    first = (await http_api.spawn(SPEC))["id"]
     stream = follow_events(daemon.url)
     try:
         (created,) = await take(stream, 1)
         assert (created.seq, created.type, created.agent_id) == (1, "agent.created", first)
         assert created.data["agent"]["name"] == "w"
-        second = (await http.spawn({**SPEC, "name": "v"}))["id"]
+        second = (await http_api.spawn({**SPEC, "name": "v"}))["id"]
         (live,) = await take(stream, 1)
         assert (live.seq, live.type, live.agent_id) == (2, "agent.created", second)
     finally:
@@ -385,13 +348,13 @@ async def test_follow_events_streams_the_log_then_live_events(
 
 
 async def test_follow_events_filters_by_agent_and_starts_after(
-    daemon: Daemon, http: HttpApi
+    daemon: FrontDoor, http_api: HttpApi
 ) -> None:
-    a = (await http.spawn({**SPEC, "prompt": "go"}))["id"]
+    a = (await http_api.spawn({**SPEC, "prompt": "go"}))["id"]
     await daemon.until(a, "idle")
-    b = (await http.spawn({**SPEC, "name": "v", "prompt": "go"}))["id"]
+    b = (await http_api.spawn({**SPEC, "name": "v", "prompt": "go"}))["id"]
     await daemon.until(b, "idle")
-    log = await http.events(agent=b)
+    log = await http_api.events(agent=b)
     stream = follow_events(daemon.url, after=log[0].seq, agent=b)
     try:
         got = await take(stream, len(log) - 1)
@@ -401,9 +364,11 @@ async def test_follow_events_filters_by_agent_and_starts_after(
     assert {e.agent_id for e in got} == {b}
 
 
-async def test_follow_events_resumes_with_last_event_id(daemon: Daemon, http: HttpApi) -> None:
+async def test_follow_events_resumes_with_last_event_id(
+    daemon: FrontDoor, http_api: HttpApi
+) -> None:
     for name in ("a", "b", "c", "d"):
-        await http.spawn({**SPEC, "name": name})
+        await http_api.spawn({**SPEC, "name": name})
     transport = Flaky(cut_after=2)
     clock = FakeClock(auto_advance=True)
     stream = follow_events(daemon.url, transport=transport, reconnect_after_s=0.25, clock=clock)
@@ -419,8 +384,10 @@ async def test_follow_events_resumes_with_last_event_id(daemon: Daemon, http: Ht
     assert clock.sleeps == [0.25]
 
 
-async def test_follow_events_reconnects_a_silent_stream(daemon: Daemon, http: HttpApi) -> None:
-    await http.spawn(SPEC)
+async def test_follow_events_reconnects_a_silent_stream(
+    daemon: FrontDoor, http_api: HttpApi
+) -> None:
+    await http_api.spawn(SPEC)
     transport = Flaky(cut_after=10**9)  # never cut: the stream just goes quiet
     clock = FakeClock(auto_advance=True)
     stream = follow_events(daemon.url, transport=transport, read_timeout_s=0.2, clock=clock)
@@ -428,7 +395,7 @@ async def test_follow_events_reconnects_a_silent_stream(daemon: Daemon, http: Ht
         (first,) = await take(stream, 1)
         reading = asyncio.create_task(take(stream, 1))
         await settle(lambda: len(transport.requests) >= 2)  # the heartbeat is 60 s away
-        second = (await http.spawn({**SPEC, "name": "v"}))["id"]
+        second = (await http_api.spawn({**SPEC, "name": "v"}))["id"]
         (live,) = await reading
     finally:
         await stream.aclose()
@@ -436,9 +403,11 @@ async def test_follow_events_reconnects_a_silent_stream(daemon: Daemon, http: Ht
     assert transport.requests[1].headers["last-event-id"] == "1"
 
 
-async def test_follow_events_gives_up_after_max_reconnects(daemon: Daemon, http: HttpApi) -> None:
-    await http.spawn(SPEC)
-    await http.spawn({**SPEC, "name": "v"})
+async def test_follow_events_gives_up_after_max_reconnects(
+    daemon: FrontDoor, http_api: HttpApi
+) -> None:
+    await http_api.spawn(SPEC)
+    await http_api.spawn({**SPEC, "name": "v"})
     transport = Flaky(cut_after=1, refuse_later=True)
     clock = FakeClock(auto_advance=True)
     stream = follow_events(daemon.url, transport=transport, max_reconnects=3, clock=clock)
@@ -462,7 +431,7 @@ async def test_follow_events_without_a_daemon_fails_at_once() -> None:
         await anext(follow_events(url))
 
 
-async def test_follow_events_raises_the_daemons_refusal(daemon: Daemon) -> None:
+async def test_follow_events_raises_the_daemons_refusal(daemon: FrontDoor) -> None:
     with pytest.raises(AgentNotFoundError):
         await anext(follow_events(daemon.url, agent="a_00000000"))
     with pytest.raises(CorralError) as beyond:
@@ -472,15 +441,15 @@ async def test_follow_events_raises_the_daemons_refusal(daemon: Daemon) -> None:
 
 
 async def test_an_sse_client_that_goes_away_leaves_no_subscriber_behind(
-    daemon: Daemon, http: HttpApi
+    daemon: FrontDoor, http_api: HttpApi
 ) -> None:
-    await http.spawn(SPEC)
+    await http_api.spawn(SPEC)
     async with httpx.AsyncClient(base_url=daemon.url, timeout=10) as client:
         for _ in range(3):
             async with client.stream("GET", "/events") as response:
                 async for line in response.aiter_lines():
                     if line.startswith("data:"):
                         break
-                assert len(daemon.service._subscribers) >= 1
+                assert daemon.service.subscriptions >= 1
     # The server notices each disconnect and closes that stream's subscription.
-    await settle(lambda: not daemon.service._subscribers)
+    await settle(lambda: daemon.service.subscriptions == 0)

@@ -13,65 +13,56 @@ import psycopg
 import pytest
 from mcp import Client
 
-from corral.daemon import AgentService, SQLiteStore, create_app
-from corral.daemon._auth import agent_token
-from corral.daemon._client import HttpApi, LocalApi, RemoteError
+from corral.daemon import (
+    HttpApi,
+    LocalApi,
+    RemoteError,
+    build_mcp_server,
+    create_app,
+)
 from corral.daemon._databases import Databases, parse_db_option, to_json
 from corral.daemon._errors import UnknownTargetError
-from corral.daemon._mcp import build_mcp_server
 from corral.gateway import BreakerPolicy, Gateway, GatewayError
 from corral.kernel import InvalidArgumentError
-from tests.daemon.test_client import serving
 from tests.gateway.corpus import SHOP_ROWS, shop_sqlite_file
 from tests.gateway.gateway_support import shop_dsn
-from tests.support.harness import ScriptedHarness
+from tests.support.front_door import DAEMON_TOKEN, FrontDoor, serving
 
 __all__ = ["shop_dsn"]  # a fixture
 
 pytestmark = pytest.mark.postgres
 
-TOKEN = "daemon-token-0123456789"
 # Tight enough that a test trips it in three requests, and wide enough not to expire.
 POLICY = BreakerPolicy(window_s=3600, max_errors=3, max_refusals=3, max_suspicious_empties=3)
 
 
 class Env:
-    def __init__(self, service: AgentService, databases: Databases, sqlite_path: Path) -> None:
-        self.service = service
+    """A service with a token, fronting the shop on PostgreSQL and on SQLite."""
+
+    def __init__(self, front: FrontDoor, databases: Databases, sqlite_path: Path) -> None:
+        self.front = front
+        self.service = front.service
         self.databases = databases
         self.sqlite_path = sqlite_path
 
     def client(self, token: str | None = None) -> httpx.AsyncClient:
-        app = create_app(self.service, token=TOKEN, databases=self.databases)
-        return httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app),
-            base_url="http://127.0.0.1:4600",
-            headers={"Authorization": f"Bearer {token or TOKEN}"},
-        )
+        app = self.front.app(databases=self.databases)
+        return self.front.client(app, Authorization=f"Bearer {token or DAEMON_TOKEN}")
 
     async def spawn(self, **spec: Any) -> str:
-        result = await self.service.spawn({"harness": "command", "command": ["w"], **spec})
-        return str(result.body["id"])
+        return await self.front.spawn(command=["w"], **spec)
 
 
 @pytest.fixture
-async def env(tmp_path: Path, shop_dsn: str) -> AsyncIterator[Env]:
-    store = SQLiteStore(tmp_path / "corral.db")
-    await store.open()
-    service = AgentService(
-        store, home=tmp_path / "home", harnesses={"command": ScriptedHarness()}, token=TOKEN
-    )
-    await service.start()
+async def env(tmp_path: Path, shop_dsn: str, scoped_front: FrontDoor) -> AsyncIterator[Env]:
     sqlite_path = shop_sqlite_file(tmp_path)
     databases = await Databases.open(
         {"shop": shop_dsn, "local": f"sqlite:///{sqlite_path}"},
-        service=service,
+        service=scoped_front.service,
         breaker=POLICY,
     )
-    yield Env(service, databases, sqlite_path)
+    yield Env(scoped_front, databases, sqlite_path)
     await databases.close()
-    await service.close()
-    await store.close()
 
 
 def error_of(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
@@ -291,7 +282,7 @@ async def test_an_agent_token_reaches_its_subtree_and_cannot_reinstate(env: Env)
     agent = await env.spawn(name="lead")
     child = await env.spawn(name="child", parent=agent)
     other = await env.spawn(name="other")
-    token = agent_token(TOKEN, agent)
+    token = env.front.agent_token(agent)
     async with env.client(token) as http:
         mine = await http.post("/gateway/query", json={"target": "shop", "sql": "SELECT 1 AS x"})
         as_other = await http.post(
@@ -438,33 +429,19 @@ async def test_mcp_takes_camel_case_keys_too(env: Env) -> None:
     assert (first["status"], again["status"]) == ("ok", "replayed")
 
 
-async def test_without_databases_both_apis_say_so(tmp_path: Path) -> None:
-    store = SQLiteStore(tmp_path / "c.db")
-    await store.open()
-    try:
-        service = AgentService(store, home=tmp_path, harnesses={})
-        async with serving(create_app(service, heartbeat_s=60)) as url, HttpApi(url) as remote:
-            for api in (LocalApi(service), remote):
-                assert await api.db_targets() == []
-                with pytest.raises((UnknownTargetError, RemoteError)) as caught:
-                    await api.db_query("a", {"sql": "SELECT 1"}, "shop")
-                assert caught.value.code == "unknown_target"
-                assert "--db NAME=DSN" in caught.value.message
-    finally:
-        await store.close()
-
-
-async def test_local_api_without_databases_says_so() -> None:
-    store = SQLiteStore(":memory:")
-    await store.open()
-    try:
-        service = AgentService(store, home="unused", harnesses={})
-        api = LocalApi(service)
+async def test_without_databases_both_apis_say_so(daemon: FrontDoor, http_api: HttpApi) -> None:
+    for api in (daemon.api, http_api):
         assert await api.db_targets() == []
-        with pytest.raises(UnknownTargetError, match="--db NAME=DSN"):
-            await api.db_query("a", {"sql": "SELECT 1"})
-    finally:
-        await store.close()
+        with pytest.raises((UnknownTargetError, RemoteError)) as caught:
+            await api.db_query("a", {"sql": "SELECT 1"}, "shop")
+        assert caught.value.code == "unknown_target"
+        assert "--db NAME=DSN" in caught.value.message
+
+
+async def test_local_api_without_databases_says_so(front: FrontDoor) -> None:
+    assert await front.api.db_targets() == []
+    with pytest.raises(UnknownTargetError, match="--db NAME=DSN"):
+        await front.api.db_query("a", {"sql": "SELECT 1"})
 
 
 async def test_mcp_db_tools(env: Env) -> None:

@@ -4,58 +4,24 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
 from starlette.types import Message
 
-from corral.daemon import AgentService, SQLiteStore, create_app
+from corral.daemon import (
+    AgentNotFoundError,
+    RemoteError,
+    ServiceClosedError,
+    create_app,
+    http_status,
+)
 from corral.daemon._auth import agent_token
-from corral.kernel import InvalidArgumentError
-from tests.support.harness import ScriptedHarness, fail
+from corral.kernel import BudgetExhaustedError, InvalidArgumentError
+from tests.support.front_door import DAEMON_TOKEN, FrontDoor
+from tests.support.harness import fail
 from tests.support.polling import settle
-
-TOKEN = "s3cret-token-0123456789"
-
-
-class Api:
-    def __init__(self, store: SQLiteStore, service: AgentService, harness: ScriptedHarness):
-        self.store = store
-        self.service = service
-        self.harness = harness
-
-    def client(self, app: FastAPI | None = None, **headers: str) -> httpx.AsyncClient:
-        transport = httpx.ASGITransport(app=app or create_app(self.service))
-        return httpx.AsyncClient(
-            transport=transport, base_url="http://127.0.0.1:4600", headers=headers
-        )
-
-    async def spawn(self, **spec: Any) -> str:
-        spec.setdefault("harness", "command")
-        spec.setdefault("command", ["worker"])
-        result = await self.service.spawn(spec)
-        return str(result.body["id"])
-
-    def state(self, agent_id: str) -> str:
-        return str(self.service.get(agent_id)["state"])
-
-    async def until(self, agent_id: str, *states: str) -> None:
-        await settle(lambda: self.state(agent_id) in states and agent_id not in self.service._turns)
-
-
-@pytest.fixture
-async def api(tmp_path: Path) -> AsyncIterator[Api]:
-    store = SQLiteStore(tmp_path / "corral.db")
-    await store.open()
-    harness = ScriptedHarness()
-    service = AgentService(store, home=tmp_path / "home", harnesses={"command": harness})
-    await service.start()
-    yield Api(store, service, harness)
-    await service.close()
-    await store.close()
 
 
 def error_of(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
@@ -78,16 +44,16 @@ WORKER = {"name": "w", "harness": "command", "command": ["worker"]}
 # --- endpoints ------------------------------------------------------------------------------
 
 
-async def test_healthz(api: Api) -> None:
-    async with api.client() as client:
+async def test_healthz(front: FrontDoor) -> None:
+    async with front.client() as client:
         response = await client.get("/healthz")
     assert response.status_code == 200
     assert response.json() == {"status": "ok"}
 
 
-async def test_spawn_answers_201_with_the_agent_then_get_and_list_show_it(api: Api) -> None:
-    api.harness.script("w", "the result")
-    async with api.client() as client:
+async def test_spawn_answers_201_with_the_agent_then_get_and_list_show_it(front: FrontDoor) -> None:
+    front.harness.script("w", "the result")
+    async with front.client() as client:
         response = await client.post("/agents", json={**WORKER, "prompt": "go"})
         assert response.status_code == 201
         agent = response.json()
@@ -96,51 +62,51 @@ async def test_spawn_answers_201_with_the_agent_then_get_and_list_show_it(api: A
         assert agent["spec"]["command"] == ["worker"]
         assert response.headers["location"] == f"/agents/{agent['id']}"
         assert "idempotency-replayed" not in response.headers
-        await api.until(agent["id"], "idle")
+        await front.settled(agent["id"], "idle")
         shown = (await client.get(f"/agents/{agent['id']}")).json()
         listed = (await client.get("/agents")).json()
     assert shown["state"] == "idle"
     assert shown["lastOutput"] == "the result"
     assert [a["id"] for a in listed["agents"]] == [agent["id"]]
-    assert api.harness.prompts(agent["id"]) == ["go"]
+    assert front.harness.prompts(agent["id"]) == ["go"]
 
 
-async def test_prompt_answers_202_and_runs_a_turn(api: Api) -> None:
-    agent_id = await api.spawn(name="w")
-    async with api.client() as client:
+async def test_prompt_answers_202_and_runs_a_turn(front: FrontDoor) -> None:
+    agent_id = await front.spawn(name="w")
+    async with front.client() as client:
         response = await client.post(f"/agents/{agent_id}/prompt", json={"text": "hello"})
     assert response.status_code == 202
     assert response.json() == {"id": agent_id, "accepted": "prompt"}
-    await api.until(agent_id, "idle")
-    assert api.harness.prompts(agent_id) == ["hello"]
+    await front.settled(agent_id, "idle")
+    assert front.harness.prompts(agent_id) == ["hello"]
 
 
-async def test_prompt_without_a_body_resends_the_last_prompt(api: Api) -> None:
-    agent_id = await api.spawn(name="w", prompt="first")
-    await api.until(agent_id, "idle")
-    async with api.client() as client:
+async def test_prompt_without_a_body_resends_the_last_prompt(front: FrontDoor) -> None:
+    agent_id = await front.spawn(name="w", prompt="first")
+    await front.settled(agent_id, "idle")
+    async with front.client() as client:
         response = await client.post(f"/agents/{agent_id}/prompt")
     assert response.status_code == 202
-    await api.until(agent_id, "idle")
-    assert api.harness.prompts(agent_id) == ["first", "first"]
+    await front.settled(agent_id, "idle")
+    assert front.harness.prompts(agent_id) == ["first", "first"]
 
 
-async def test_stop_answers_202_with_or_without_a_body(api: Api) -> None:
-    first = await api.spawn(name="a")
-    second = await api.spawn(name="b")
-    async with api.client() as client:
+async def test_stop_answers_202_with_or_without_a_body(front: FrontDoor) -> None:
+    first = await front.spawn(name="a")
+    second = await front.spawn(name="b")
+    async with front.client() as client:
         bare = await client.post(f"/agents/{first}/stop")
         with_body = await client.post(f"/agents/{second}/stop", json={"by": "ops", "why": "done"})
     assert (bare.status_code, with_body.status_code) == (202, 202)
     assert bare.json() == {"id": first, "accepted": "stop"}
-    assert api.state(first) == api.state(second) == "stopped"
+    assert front.state(first) == front.state(second) == "stopped"
 
 
-async def test_decisions_list_blocked_agents_and_resolutions_on_request(api: Api) -> None:
-    api.harness.script("w", fail("disk full"))
-    agent_id = await api.spawn(name="w", prompt="go", onFailure="ask")
-    await api.until(agent_id, "blocked")
-    async with api.client() as client:
+async def test_decisions_list_blocked_agents_and_resolutions_on_request(front: FrontDoor) -> None:
+    front.harness.script("w", fail("disk full"))
+    agent_id = await front.spawn(name="w", prompt="go", onFailure="ask")
+    await front.settled(agent_id, "blocked")
+    async with front.client() as client:
         pending = (await client.get("/decisions")).json()
         assert [d["agentId"] for d in pending["decisions"]] == [agent_id]
         assert pending["decisions"][0]["reason"] == "ask"
@@ -149,7 +115,7 @@ async def test_decisions_list_blocked_agents_and_resolutions_on_request(api: Api
             f"/agents/{agent_id}/prompt", json={"text": "retry", "by": "ana", "why": "rotated"}
         )
         assert response.status_code == 202
-        await api.until(agent_id, "idle")
+        await front.settled(agent_id, "idle")
         after = (await client.get("/decisions", params={"resolved": "true"})).json()
     assert after["decisions"] == []
     (resolution,) = after["resolutions"]
@@ -161,11 +127,11 @@ async def test_decisions_list_blocked_agents_and_resolutions_on_request(api: Api
     )
 
 
-async def test_inbox_holds_the_notices_to_an_agent(api: Api) -> None:
-    parent = await api.spawn(name="lead")
-    child = await api.spawn(name="w", prompt="go", parent=parent, notifyOn=["done"])
-    await api.until(child, "idle")
-    async with api.client() as client:
+async def test_inbox_holds_the_notices_to_an_agent(front: FrontDoor) -> None:
+    parent = await front.spawn(name="lead")
+    child = await front.spawn(name="w", prompt="go", parent=parent, notifyOn=["done"])
+    await front.settled(child, "idle")
+    async with front.client() as client:
         response = await client.get(f"/agents/{parent}/inbox")
     assert response.status_code == 200
     body = response.json()
@@ -174,12 +140,12 @@ async def test_inbox_holds_the_notices_to_an_agent(api: Api) -> None:
     assert (notice["from"], notice["kind"], notice["state"]) == (child, "done", "pending")
 
 
-async def test_events_as_json_pages_after_a_seq_filtered_by_agent(api: Api) -> None:
-    first = await api.spawn(name="a")
-    second = await api.spawn(name="b", prompt="go")
-    await api.until(second, "idle")
-    last = api.store.state.last_seq
-    async with api.client() as client:
+async def test_events_as_json_pages_after_a_seq_filtered_by_agent(front: FrontDoor) -> None:
+    first = await front.spawn(name="a")
+    second = await front.spawn(name="b", prompt="go")
+    await front.settled(second, "idle")
+    last = front.store.state.last_seq
+    async with front.client() as client:
         everything = (await client.get("/events", params={"format": "json"})).json()
         after_one = (await client.get("/events", params={"format": "json", "after": 1})).json()
         only_b = (await client.get("/events", params={"format": "json", "agent": second})).json()
@@ -194,9 +160,9 @@ async def test_events_as_json_pages_after_a_seq_filtered_by_agent(api: Api) -> N
 
 
 async def test_command_replayed_by_idempotency_key_has_the_header_and_applies_once(
-    api: Api,
+    front: FrontDoor,
 ) -> None:
-    async with api.client() as client:
+    async with front.client() as client:
         body = {**WORKER, "idempotencyKey": "k-1"}
         first = await client.post("/agents", json=body)
         again = await client.post("/agents", json=body)
@@ -208,39 +174,39 @@ async def test_command_replayed_by_idempotency_key_has_the_header_and_applies_on
     assert again.json() == first.json()
     assert again.headers["idempotency-replayed"] == "true"
     assert "idempotency-replayed" not in first.headers
-    assert len(api.service.list_agents()) == 1
+    assert len(front.service.list_agents()) == 1
     assert (stopped.status_code, stopped_again.status_code) == (202, 202)
     assert stopped_again.headers["idempotency-replayed"] == "true"
 
 
-async def test_prompt_replay_by_key_does_not_start_a_second_turn(api: Api) -> None:
-    agent_id = await api.spawn(name="w")
-    async with api.client() as client:
+async def test_prompt_replay_by_key_does_not_start_a_second_turn(front: FrontDoor) -> None:
+    agent_id = await front.spawn(name="w")
+    async with front.client() as client:
         body = {"text": "once", "idempotencyKey": "p-1"}
         first = await client.post(f"/agents/{agent_id}/prompt", json=body)
-        await api.until(agent_id, "idle")
+        await front.settled(agent_id, "idle")
         again = await client.post(f"/agents/{agent_id}/prompt", json=body)
     assert (first.status_code, again.status_code) == (202, 202)
     assert again.headers["idempotency-replayed"] == "true"
-    assert api.harness.prompts(agent_id) == ["once"]
+    assert front.harness.prompts(agent_id) == ["once"]
 
 
 # --- refusals of the service ------------------------------------------------------------------
 
 
-async def test_idempotency_conflict_is_422_and_changes_nothing(api: Api) -> None:
-    async with api.client() as client:
+async def test_idempotency_conflict_is_422_and_changes_nothing(front: FrontDoor) -> None:
+    async with front.client() as client:
         await client.post("/agents", json={**WORKER, "idempotencyKey": "k"})
-        before = api.store.state.last_seq
+        before = front.store.state.last_seq
         response = await client.post("/agents", json={**WORKER, "name": "x", "idempotencyKey": "k"})
     error = error_of(response, 422, "idempotency_conflict")
     assert error["details"]["key"] == "k"
-    assert api.store.state.last_seq == before
+    assert front.store.state.last_seq == before
 
 
-async def test_unknown_agent_is_404_everywhere(api: Api) -> None:
-    before = api.store.state.last_seq
-    async with api.client() as client:
+async def test_unknown_agent_is_404_everywhere(front: FrontDoor) -> None:
+    before = front.store.state.last_seq
+    async with front.client() as client:
         answers = [
             await client.get("/agents/a_00000000"),
             await client.post("/agents/a_00000000/prompt", json={"text": "x"}),
@@ -253,54 +219,54 @@ async def test_unknown_agent_is_404_everywhere(api: Api) -> None:
         error = error_of(response, 404, "agent_not_found")
         assert error["details"]["agent_id"] == "a_00000000"
         assert "a_00000000" in error["message"]
-    assert api.store.state.last_seq == before
+    assert front.store.state.last_seq == before
 
 
-async def test_prompting_a_stopped_agent_is_409_not_live(api: Api) -> None:
-    agent_id = await api.spawn(name="w")
-    await api.service.stop(agent_id)
-    before = api.store.state.last_seq
-    async with api.client() as client:
+async def test_prompting_a_stopped_agent_is_409_not_live(front: FrontDoor) -> None:
+    agent_id = await front.spawn(name="w")
+    await front.service.stop(agent_id)
+    before = front.store.state.last_seq
+    async with front.client() as client:
         prompted = await client.post(f"/agents/{agent_id}/prompt", json={"text": "x"})
         stopped = await client.post(f"/agents/{agent_id}/stop")
     for response in (prompted, stopped):
         error = error_of(response, 409, "agent_not_live")
         assert error["details"]["state"] == "stopped"
         assert "stopped" in error["message"]
-    assert api.store.state.last_seq == before
+    assert front.store.state.last_seq == before
 
 
-async def test_prompting_a_busy_agent_is_409_and_retryable(api: Api) -> None:
-    api.harness.script("w", "hang")
-    agent_id = await api.spawn(name="w", prompt="go")
-    await settle(lambda: agent_id in api.harness.running)
-    before = api.store.state.last_seq
-    async with api.client() as client:
+async def test_prompting_a_busy_agent_is_409_and_retryable(front: FrontDoor) -> None:
+    front.harness.script("w", "hang")
+    agent_id = await front.spawn(name="w", prompt="go")
+    await settle(lambda: agent_id in front.harness.running)
+    before = front.store.state.last_seq
+    async with front.client() as client:
         response = await client.post(f"/agents/{agent_id}/prompt", json={"text": "again"})
     error = error_of(response, 409, "agent_busy")
     assert error["retryable"] is True
-    assert api.store.state.last_seq == before
-    api.harness.release("w")
-    await api.until(agent_id, "idle")
+    assert front.store.state.last_seq == before
+    front.harness.release("w")
+    await front.settled(agent_id, "idle")
 
 
-async def test_nothing_to_send_is_400(api: Api) -> None:
-    agent_id = await api.spawn(name="w")
-    async with api.client() as client:
+async def test_nothing_to_send_is_400(front: FrontDoor) -> None:
+    agent_id = await front.spawn(name="w")
+    async with front.client() as client:
         response = await client.post(f"/agents/{agent_id}/prompt", json={})
     error_of(response, 400, "nothing_to_send")
-    assert api.state(agent_id) == "idle"
+    assert front.state(agent_id) == "idle"
 
 
-async def test_spawn_beyond_the_runs_headcount_is_409_retryable(api: Api) -> None:
-    root = await api.spawn(name="lead", spawnBudget={"maxAgents": 1})
-    before = api.store.state.last_seq
-    async with api.client() as client:
+async def test_spawn_beyond_the_runs_headcount_is_409_retryable(front: FrontDoor) -> None:
+    root = await front.spawn(name="lead", spawnBudget={"maxAgents": 1})
+    before = front.store.state.last_seq
+    async with front.client() as client:
         response = await client.post("/agents", json={**WORKER, "parent": root})
     error = error_of(response, 409, "spawn_budget_exceeded")
     assert error["retryable"] is True
     assert error["details"]["max_agents"] == 1
-    assert api.store.state.last_seq == before
+    assert front.store.state.last_seq == before
 
 
 # --- bad input ---------------------------------------------------------------------------------
@@ -342,22 +308,22 @@ async def test_spawn_beyond_the_runs_headcount_is_409_retryable(api: Api) -> Non
     ],
 )
 async def test_invalid_spawn_bodies_are_400_invalid_spec_listing_every_problem(
-    api: Api, content: bytes, expected: set[str]
+    front: FrontDoor, content: bytes, expected: set[str]
 ) -> None:
-    before = api.store.state.last_seq
-    async with api.client() as client:
+    before = front.store.state.last_seq
+    async with front.client() as client:
         response = await client.post(
             "/agents", content=content, headers={"content-type": "application/json"}
         )
     error = error_of(response, 400, "invalid_spec")
     assert fields(error) == expected
     assert f"{len(expected)} problem(s)" in error["message"]
-    assert api.store.state.last_seq == before
-    assert api.service.list_agents() == []
+    assert front.store.state.last_seq == before
+    assert front.service.list_agents() == []
 
 
-async def test_malformed_json_problem_says_what_is_wrong(api: Api) -> None:
-    async with api.client() as client:
+async def test_malformed_json_problem_says_what_is_wrong(front: FrontDoor) -> None:
+    async with front.client() as client:
         response = await client.post(
             "/agents", content=b'{"name": NaN}', headers={"content-type": "application/json"}
         )
@@ -365,13 +331,13 @@ async def test_malformed_json_problem_says_what_is_wrong(api: Api) -> None:
     assert "malformed JSON: NaN is not valid JSON" in error["message"]
 
 
-async def test_unknown_parent_is_400_and_nothing_is_created(api: Api) -> None:
-    async with api.client() as client:
+async def test_unknown_parent_is_400_and_nothing_is_created(front: FrontDoor) -> None:
+    async with front.client() as client:
         response = await client.post("/agents", json={**WORKER, "parent": "a_00000000"})
     error = error_of(response, 400, "invalid_spec")
     assert fields(error) == {"parent"}
-    assert api.service.list_agents() == []
-    assert api.store.state.last_seq == 0
+    assert front.service.list_agents() == []
+    assert front.store.state.last_seq == 0
 
 
 @pytest.mark.parametrize("command", ["prompt", "stop"])
@@ -390,12 +356,12 @@ async def test_unknown_parent_is_400_and_nothing_is_created(api: Api) -> None:
     ],
 )
 async def test_invalid_command_bodies_are_400_invalid_request(
-    api: Api, command: str, content: bytes, expected: set[str]
+    front: FrontDoor, command: str, content: bytes, expected: set[str]
 ) -> None:
-    agent_id = await api.spawn(name="w", prompt="first")
-    await api.until(agent_id, "idle")
-    before = api.store.state.last_seq
-    async with api.client() as client:
+    agent_id = await front.spawn(name="w", prompt="first")
+    await front.settled(agent_id, "idle")
+    before = front.store.state.last_seq
+    async with front.client() as client:
         response = await client.post(
             f"/agents/{agent_id}/{command}",
             content=content,
@@ -404,21 +370,21 @@ async def test_invalid_command_bodies_are_400_invalid_request(
     error = error_of(response, 400, "invalid_request")
     assert fields(error) == expected
     assert f"invalid {command} body" in error["message"]
-    assert api.store.state.last_seq == before
-    assert api.state(agent_id) == "idle"
+    assert front.store.state.last_seq == before
+    assert front.state(agent_id) == "idle"
 
 
-async def test_prompt_text_of_the_wrong_type_is_400(api: Api) -> None:
-    agent_id = await api.spawn(name="w")
-    async with api.client() as client:
+async def test_prompt_text_of_the_wrong_type_is_400(front: FrontDoor) -> None:
+    agent_id = await front.spawn(name="w")
+    async with front.client() as client:
         response = await client.post(f"/agents/{agent_id}/prompt", json={"text": 42})
     error = error_of(response, 400, "invalid_request")
     assert fields(error) == {"text"}
-    assert api.harness.requests == []
+    assert front.harness.requests == []
 
 
-async def test_a_body_not_declared_json_is_415(api: Api) -> None:
-    async with api.client() as client:
+async def test_a_body_not_declared_json_is_415(front: FrontDoor) -> None:
+    async with front.client() as client:
         response = await client.post(
             "/agents", content=b'{"name": "w"}', headers={"content-type": "text/plain"}
         )
@@ -426,11 +392,11 @@ async def test_a_body_not_declared_json_is_415(api: Api) -> None:
     error = error_of(response, 415, "unsupported_media_type")
     assert "text/plain" in error["message"]
     error_of(form, 415, "unsupported_media_type")
-    assert api.store.state.last_seq == 0
+    assert front.store.state.last_seq == 0
 
 
-async def test_json_with_a_suffix_media_type_is_accepted(api: Api) -> None:
-    async with api.client() as client:
+async def test_json_with_a_suffix_media_type_is_accepted(front: FrontDoor) -> None:
+    async with front.client() as client:
         response = await client.post(
             "/agents",
             json=WORKER,
@@ -439,20 +405,20 @@ async def test_json_with_a_suffix_media_type_is_accepted(api: Api) -> None:
     assert response.status_code == 201
 
 
-async def test_a_body_over_the_limit_by_its_length_is_413(api: Api) -> None:
-    app = create_app(api.service, max_body_bytes=100)
-    async with api.client(app) as client:
+async def test_a_body_over_the_limit_by_its_length_is_413(front: FrontDoor) -> None:
+    app = create_app(front.service, max_body_bytes=100)
+    async with front.client(app) as client:
         response = await client.post("/agents", json={**WORKER, "prompt": "x" * 200})
     error = error_of(response, 413, "body_too_large")
     assert error["details"]["limit"] == 100
     assert error["details"]["seen"] > 200
     assert "the limit is 100 bytes" in error["message"]
-    assert api.store.state.last_seq == 0
+    assert front.store.state.last_seq == 0
 
 
-async def test_a_streamed_body_over_the_limit_is_413(api: Api) -> None:
-    agent_id = await api.spawn(name="w")
-    before = api.store.state.last_seq
+async def test_a_streamed_body_over_the_limit_is_413(front: FrontDoor) -> None:
+    agent_id = await front.spawn(name="w")
+    before = front.store.state.last_seq
 
     async def chunks() -> AsyncIterator[bytes]:
         yield b'{"text": "'
@@ -460,8 +426,8 @@ async def test_a_streamed_body_over_the_limit_is_413(api: Api) -> None:
             yield b"x" * 50
         yield b'"}'
 
-    app = create_app(api.service, max_body_bytes=100)
-    async with api.client(app) as client:
+    app = create_app(front.service, max_body_bytes=100)
+    async with front.client(app) as client:
         response = await client.post(
             f"/agents/{agent_id}/prompt",
             content=chunks(),
@@ -471,15 +437,15 @@ async def test_a_streamed_body_over_the_limit_is_413(api: Api) -> None:
     error = error_of(response, 413, "body_too_large")
     assert error["details"]["limit"] == 100
     assert "sent at least" in error["message"]
-    assert api.store.state.last_seq == before
-    assert api.harness.requests == []
+    assert front.store.state.last_seq == before
+    assert front.harness.requests == []
 
 
-async def test_a_body_at_the_limit_is_accepted(api: Api) -> None:
-    agent_id = await api.spawn(name="w")
+async def test_a_body_at_the_limit_is_accepted(front: FrontDoor) -> None:
+    agent_id = await front.spawn(name="w")
     content = b'{"text": "' + b"x" * 80 + b'"}'
-    app = create_app(api.service, max_body_bytes=len(content))
-    async with api.client(app) as client:
+    app = create_app(front.service, max_body_bytes=len(content))
+    async with front.client(app) as client:
         response = await client.post(
             f"/agents/{agent_id}/prompt",
             content=content,
@@ -488,8 +454,8 @@ async def test_a_body_at_the_limit_is_accepted(api: Api) -> None:
     assert response.status_code == 202
 
 
-async def test_a_content_length_that_is_not_a_number_is_400(api: Api) -> None:
-    app = create_app(api.service)
+async def test_a_content_length_that_is_not_a_number_is_400(front: FrontDoor) -> None:
+    app = create_app(front.service)
     sent: list[Message] = []
 
     async def receive() -> Message:
@@ -535,18 +501,18 @@ async def test_a_content_length_that_is_not_a_number_is_400(api: Api) -> None:
     ],
 )
 async def test_bad_event_queries_are_400(
-    api: Api, params: dict[str, str], headers: dict[str, str], field: str
+    front: FrontDoor, params: dict[str, str], headers: dict[str, str], field: str
 ) -> None:
-    await api.spawn(name="w")
-    async with api.client() as client:
+    await front.spawn(name="w")
+    async with front.client() as client:
         response = await client.get("/events", params={"format": "json", **params}, headers=headers)
     error = error_of(response, 400, "invalid_request")
     assert fields(error) == {field}
 
 
-async def test_a_cursor_too_long_to_be_a_seq_is_400_on_the_stream_too(api: Api) -> None:
-    await api.spawn(name="w")
-    async with api.client() as client:
+async def test_a_cursor_too_long_to_be_a_seq_is_400_on_the_stream_too(front: FrontDoor) -> None:
+    await front.spawn(name="w")
+    async with front.client() as client:
         response = await client.get("/events", headers={"last-event-id": "7" * 5000})
     error = error_of(response, 400, "invalid_request")
     assert "at most 20 digits" in error["message"]
@@ -554,11 +520,11 @@ async def test_a_cursor_too_long_to_be_a_seq_is_400_on_the_stream_too(api: Api) 
     assert len(error["message"]) < 300
 
 
-async def test_commands_while_the_daemon_shuts_down_are_503_and_retryable(api: Api) -> None:
-    agent_id = await api.spawn(name="w")
-    await api.service.close()
-    before = api.store.state.last_seq
-    async with api.client() as client:
+async def test_commands_while_the_daemon_shuts_down_are_503_and_retryable(front: FrontDoor) -> None:
+    agent_id = await front.spawn(name="w")
+    await front.service.close()
+    before = front.store.state.last_seq
+    async with front.client() as client:
         answers = [
             await client.post("/agents", json=WORKER),
             await client.post(f"/agents/{agent_id}/prompt", json={"text": "x"}),
@@ -569,26 +535,26 @@ async def test_commands_while_the_daemon_shuts_down_are_503_and_retryable(api: A
         error = error_of(response, 503, "shutting_down")
         assert error["retryable"] is True
     assert listed.status_code == 200
-    assert api.store.state.last_seq == before
+    assert front.store.state.last_seq == before
 
 
-async def test_a_cursor_beyond_the_log_names_the_last_seq(api: Api) -> None:
-    await api.spawn(name="w")
-    async with api.client() as client:
+async def test_a_cursor_beyond_the_log_names_the_last_seq(front: FrontDoor) -> None:
+    await front.spawn(name="w")
+    async with front.client() as client:
         response = await client.get("/events", params={"after": 99})
     error = error_of(response, 400, "invalid_request")
     assert "99 is beyond the last event (1)" in error["message"]
 
 
-async def test_bad_decision_query_is_400(api: Api) -> None:
-    async with api.client() as client:
+async def test_bad_decision_query_is_400(front: FrontDoor) -> None:
+    async with front.client() as client:
         response = await client.get("/decisions", params={"resolved": "perhaps"})
     error = error_of(response, 400, "invalid_request")
     assert fields(error) == {"resolved"}
 
 
-async def test_unknown_route_and_method_are_json_404_and_405(api: Api) -> None:
-    async with api.client() as client:
+async def test_unknown_route_and_method_are_json_404_and_405(front: FrontDoor) -> None:
+    async with front.client() as client:
         missing = await client.get("/nowhere")
         wrong = await client.delete("/agents")
     error = error_of(missing, 404, "not_found")
@@ -599,14 +565,14 @@ async def test_unknown_route_and_method_are_json_404_and_405(api: Api) -> None:
 
 
 async def test_an_unexpected_exception_is_a_bare_500_and_is_logged(
-    api: Api, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    front: FrontDoor, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     def broken() -> list[dict[str, Any]]:
         raise RuntimeError("secret internals at /srv/x")
 
-    monkeypatch.setattr(api.service, "list_agents", broken)
+    monkeypatch.setattr(front.service, "list_agents", broken)
     with caplog.at_level(logging.ERROR, logger="corral.daemon.http"):
-        async with api.client() as client:
+        async with front.client() as client:
             response = await client.get("/agents")
     error = error_of(response, 500, "internal_error")
     assert "secret" not in response.text
@@ -620,9 +586,9 @@ async def test_an_unexpected_exception_is_a_bare_500_and_is_logged(
 # --- auth and origins ----------------------------------------------------------------------------
 
 
-async def test_with_a_token_every_request_but_healthz_needs_it(api: Api) -> None:
-    app = create_app(api.service, token=TOKEN)
-    async with api.client(app) as anonymous:
+async def test_with_a_token_every_request_but_healthz_needs_it(front: FrontDoor) -> None:
+    app = create_app(front.service, token=DAEMON_TOKEN)
+    async with front.client(app) as anonymous:
         health = await anonymous.get("/healthz")
         listing = await anonymous.get("/agents")
         spawn = await anonymous.post("/agents", json=WORKER)
@@ -633,32 +599,38 @@ async def test_with_a_token_every_request_but_healthz_needs_it(api: Api) -> None
         error = error_of(response, 401, "unauthorized")
         assert "bearer token" in error["message"]
         assert response.headers["www-authenticate"] == "Bearer"
-    assert api.store.state.last_seq == 0
+    assert front.store.state.last_seq == 0
 
 
 @pytest.mark.parametrize(
     "authorization",
-    [f"Bearer {TOKEN}x", "Bearer", f"Basic {TOKEN}", TOKEN, f"Bearer {TOKEN[:-1]}"],
+    [
+        f"Bearer {DAEMON_TOKEN}x",
+        "Bearer",
+        f"Basic {DAEMON_TOKEN}",
+        DAEMON_TOKEN,
+        f"Bearer {DAEMON_TOKEN[:-1]}",
+    ],
 )
-async def test_a_wrong_token_is_401(api: Api, authorization: str) -> None:
-    app = create_app(api.service, token=TOKEN)
-    async with api.client(app, authorization=authorization) as client:
+async def test_a_wrong_token_is_401(front: FrontDoor, authorization: str) -> None:
+    app = create_app(front.service, token=DAEMON_TOKEN)
+    async with front.client(app, authorization=authorization) as client:
         response = await client.post("/agents", json=WORKER)
     error_of(response, 401, "unauthorized")
-    assert api.store.state.last_seq == 0
+    assert front.store.state.last_seq == 0
 
 
-async def test_the_right_token_is_let_through(api: Api) -> None:
-    app = create_app(api.service, token=TOKEN)
-    async with api.client(app, authorization=f"bearer {TOKEN}") as client:
+async def test_the_right_token_is_let_through(front: FrontDoor) -> None:
+    app = create_app(front.service, token=DAEMON_TOKEN)
+    async with front.client(app, authorization=f"bearer {DAEMON_TOKEN}") as client:
         spawned = await client.post("/agents", json=WORKER)
         listed = await client.get("/agents")
     assert spawned.status_code == 201
     assert len(listed.json()["agents"]) == 1
 
 
-async def test_without_a_token_no_authorization_is_needed(api: Api) -> None:
-    async with api.client(authorization="Bearer whatever") as client:
+async def test_without_a_token_no_authorization_is_needed(front: FrontDoor) -> None:
+    async with front.client(authorization="Bearer whatever") as client:
         response = await client.get("/agents")
     assert response.status_code == 200
 
@@ -673,32 +645,32 @@ async def test_without_a_token_no_authorization_is_needed(api: Api) -> None:
         ("null", "127.0.0.1:4600", None, False),
         # a DNS name rebound to 127.0.0.1: the page and the Host agree, but it is not loopback
         ("http://rebound.example:4600", "rebound.example:4600", None, False),
-        ("http://daemon.lan:4600", "daemon.lan:4600", TOKEN, True),
-        ("http://evil.example", "daemon.lan:4600", TOKEN, False),
+        ("http://daemon.lan:4600", "daemon.lan:4600", DAEMON_TOKEN, True),
+        ("http://evil.example", "daemon.lan:4600", DAEMON_TOKEN, False),
     ],
 )
 async def test_browser_origins_other_than_loopback_are_refused(
-    api: Api, origin: str, host: str, token: str | None, allowed: bool
+    front: FrontDoor, origin: str, host: str, token: str | None, allowed: bool
 ) -> None:
-    app = create_app(api.service, token=token)
+    app = create_app(front.service, token=token)
     headers = {"origin": origin, "host": host}
     if token:
         headers["authorization"] = f"Bearer {token}"
-    async with api.client(app, **headers) as client:
+    async with front.client(app, **headers) as client:
         response = await client.post("/agents", json=WORKER)
     if allowed:
         assert response.status_code == 201
     else:
         error = error_of(response, 403, "forbidden_origin")
         assert origin in error["message"]
-        assert api.store.state.last_seq == 0
+        assert front.store.state.last_seq == 0
 
 
 # --- OpenAPI and arguments -----------------------------------------------------------------------
 
 
-async def test_openapi_lists_the_paths_and_describes_the_bodies(api: Api) -> None:
-    async with api.client() as client:
+async def test_openapi_lists_the_paths_and_describes_the_bodies(front: FrontDoor) -> None:
+    async with front.client() as client:
         doc = (await client.get("/openapi.json")).json()
     assert set(doc["paths"]) == {
         "/healthz",
@@ -746,9 +718,9 @@ async def test_openapi_lists_the_paths_and_describes_the_bodies(api: Api) -> Non
     assert "securitySchemes" not in doc["components"]
 
 
-async def test_openapi_declares_the_bearer_scheme_with_a_token(api: Api) -> None:
-    app = create_app(api.service, token=TOKEN)
-    async with api.client(app, authorization=f"Bearer {TOKEN}") as client:
+async def test_openapi_declares_the_bearer_scheme_with_a_token(front: FrontDoor) -> None:
+    app = create_app(front.service, token=DAEMON_TOKEN)
+    async with front.client(app, authorization=f"Bearer {DAEMON_TOKEN}") as client:
         doc = (await client.get("/openapi.json")).json()
     assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
     assert doc["security"] == [{"bearer": []}]
@@ -768,10 +740,10 @@ async def test_openapi_declares_the_bearer_scheme_with_a_token(api: Api) -> None
     ],
 )
 async def test_create_app_refuses_bad_arguments(
-    api: Api, kwargs: dict[str, Any], argument: str
+    front: FrontDoor, kwargs: dict[str, Any], argument: str
 ) -> None:
     with pytest.raises(InvalidArgumentError) as caught:
-        create_app(api.service, **kwargs)
+        create_app(front.service, **kwargs)
     assert caught.value.argument == argument
     assert caught.value.where == "create_app"
 
@@ -781,71 +753,55 @@ async def test_create_app_needs_a_service() -> None:
         create_app(object())  # type: ignore[arg-type]
 
 
-async def test_a_refused_token_is_not_echoed(api: Api) -> None:
+async def test_a_refused_token_is_not_echoed(front: FrontDoor) -> None:
     with pytest.raises(InvalidArgumentError) as caught:
-        create_app(api.service, token="top secret")
+        create_app(front.service, token="top secret")
     assert "top secret" not in str(caught.value)
 
 
 # --- agent tokens ----------------------------------------------------------------------------
 
 
-@pytest.fixture
-async def scoped(tmp_path: Path) -> AsyncIterator[Api]:
-    """A service whose daemon has a token, so that each agent gets one of its own."""
-    store = SQLiteStore(tmp_path / "scoped.db")
-    await store.open()
-    harness = ScriptedHarness()
-    service = AgentService(
-        store, home=tmp_path / "scoped", harnesses={"command": harness}, token=TOKEN
-    )
-    await service.start()
-    yield Api(store, service, harness)
-    await service.close()
-    await store.close()
-
-
-def as_agent(api: Api, agent_id: str) -> httpx.AsyncClient:
-    app = create_app(api.service, token=TOKEN)
-    return api.client(app, authorization=f"Bearer {agent_token(TOKEN, agent_id)}")
-
-
-async def test_each_agent_is_given_a_token_of_its_own_not_the_daemons(scoped: Api) -> None:
-    agent_id = await scoped.spawn(name="w", prompt="go")
-    await scoped.until(agent_id, "idle")
-    (request,) = scoped.harness.requests
+async def test_each_agent_is_given_a_token_of_its_own_not_the_daemons(
+    scoped_front: FrontDoor,
+) -> None:
+    agent_id = await scoped_front.spawn(name="w", prompt="go")
+    await scoped_front.settled(agent_id, "idle")
+    (request,) = scoped_front.harness.requests
     given = request.env["CORRAL_TOKEN"]
-    assert given == agent_token(TOKEN, agent_id)
+    assert given == scoped_front.agent_token(agent_id)
     assert given.startswith(f"corral-agent.{agent_id}.")
-    assert TOKEN not in given
+    assert DAEMON_TOKEN not in given
     assert request.env["CORRAL_URL"] == "http://127.0.0.1:4600"
 
 
-async def test_without_a_daemon_token_agents_get_none(api: Api) -> None:
-    agent_id = await api.spawn(name="w", prompt="go")
-    await api.until(agent_id, "idle")
-    (request,) = api.harness.requests
+async def test_without_a_daemon_token_agents_get_none(front: FrontDoor) -> None:
+    agent_id = await front.spawn(name="w", prompt="go")
+    await front.settled(agent_id, "idle")
+    (request,) = front.harness.requests
     assert "CORRAL_TOKEN" not in request.env
 
 
-async def test_an_agent_token_reaches_the_agent_and_its_descendants_only(scoped: Api) -> None:
-    lead = await scoped.spawn(name="lead")
-    child = await scoped.spawn(name="child", parent=lead)
-    grandchild = await scoped.spawn(name="grandchild", parent=child)
-    other = await scoped.spawn(name="other")
-    async with as_agent(scoped, lead) as client:
+async def test_an_agent_token_reaches_the_agent_and_its_descendants_only(
+    scoped_front: FrontDoor,
+) -> None:
+    lead = await scoped_front.spawn(name="lead")
+    child = await scoped_front.spawn(name="child", parent=lead)
+    grandchild = await scoped_front.spawn(name="grandchild", parent=child)
+    other = await scoped_front.spawn(name="other")
+    async with scoped_front.agent_client(lead) as client:
         listed = (await client.get("/agents")).json()["agents"]
         assert {a["id"] for a in listed} == {lead, child, grandchild}
         assert (await client.get(f"/agents/{grandchild}")).status_code == 200
         assert (await client.get(f"/agents/{child}/inbox")).status_code == 200
         prompted = await client.post(f"/agents/{child}/prompt", json={"text": "go"})
         assert prompted.status_code == 202
-        await scoped.until(child, "idle")
+        await scoped_front.settled(child, "idle")
         assert (await client.post(f"/agents/{grandchild}/stop")).status_code == 202
-    assert scoped.state(grandchild) == "stopped"
+    assert scoped_front.state(grandchild) == "stopped"
 
-    before = scoped.store.state.last_seq
-    async with as_agent(scoped, child) as client:
+    before = scoped_front.store.state.last_seq
+    async with scoped_front.agent_client(child) as client:
         refused = [
             await client.get(f"/agents/{lead}"),
             await client.get(f"/agents/{other}"),
@@ -864,30 +820,30 @@ async def test_an_agent_token_reaches_the_agent_and_its_descendants_only(scoped:
         assert "a new root agent" in root["message"]
         log = error_of(await client.get("/events"), 403, "out_of_scope")
         assert "?agent=" in log["message"]
-        assert scoped.store.state.last_seq == before
+        assert scoped_front.store.state.last_seq == before
 
         spawned = await client.post("/agents", json={**WORKER, "name": "helper", "parent": child})
         assert spawned.status_code == 201
         own = (await client.get("/events", params={"agent": child, "format": "json"})).json()
         assert {e["agentId"] for e in own["events"]} == {child}
-    assert scoped.service.get(spawned.json()["id"])["parent"] == child
+    assert scoped_front.service.get(spawned.json()["id"])["parent"] == child
 
 
-async def test_an_agent_token_sees_only_its_own_decisions(scoped: Api) -> None:
-    scoped.harness.script("w", fail("no key"))
-    scoped.harness.script("v", fail("no key"))
-    lead = await scoped.spawn(name="lead")
-    mine = await scoped.spawn(name="w", prompt="go", parent=lead, onFailure="ask")
-    theirs = await scoped.spawn(name="v", prompt="go", onFailure="ask")
-    await scoped.until(mine, "blocked")
-    await scoped.until(theirs, "blocked")
-    async with as_agent(scoped, lead) as client:
+async def test_an_agent_token_sees_only_its_own_decisions(scoped_front: FrontDoor) -> None:
+    scoped_front.harness.script("w", fail("no key"))
+    scoped_front.harness.script("v", fail("no key"))
+    lead = await scoped_front.spawn(name="lead")
+    mine = await scoped_front.spawn(name="w", prompt="go", parent=lead, onFailure="ask")
+    theirs = await scoped_front.spawn(name="v", prompt="go", onFailure="ask")
+    await scoped_front.settled(mine, "blocked")
+    await scoped_front.settled(theirs, "blocked")
+    async with scoped_front.agent_client(lead) as client:
         await client.post(f"/agents/{mine}/prompt", json={"text": "again", "by": "lead"})
-        await scoped.until(mine, "idle")
+        await scoped_front.settled(mine, "idle")
         answer = (await client.get("/decisions", params={"resolved": "true"})).json()
     assert answer["decisions"] == []
     assert [r["agentId"] for r in answer["resolutions"]] == [mine]
-    assert [d["agentId"] for d in scoped.service.decisions()] == [theirs]
+    assert [d["agentId"] for d in scoped_front.service.decisions()] == [theirs]
 
 
 @pytest.mark.parametrize(
@@ -901,15 +857,46 @@ async def test_an_agent_token_sees_only_its_own_decisions(scoped: Api) -> None:
         "{id_swapped}",
     ],
 )
-async def test_forged_agent_tokens_are_401(scoped: Api, token: str) -> None:
-    agent_id = await scoped.spawn(name="w")
-    other_id = await scoped.spawn(name="v")
+async def test_forged_agent_tokens_are_401(scoped_front: FrontDoor, token: str) -> None:
+    agent_id = await scoped_front.spawn(name="w")
+    other_id = await scoped_front.spawn(name="v")
     token = token.format(
         id=agent_id,
         other_daemon=agent_token("another-daemon-token", agent_id),
-        id_swapped=agent_token(TOKEN, other_id).replace(other_id, agent_id),
+        id_swapped=scoped_front.agent_token(other_id).replace(other_id, agent_id),
     )
-    app = create_app(scoped.service, token=TOKEN)
-    async with scoped.client(app, authorization=f"Bearer {token}") as client:
+    app = create_app(scoped_front.service, token=DAEMON_TOKEN)
+    async with scoped_front.client(app, authorization=f"Bearer {token}") as client:
         response = await client.get(f"/agents/{agent_id}")
     error_of(response, 401, "unauthorized")
+
+
+def test_every_gateway_code_answers_with_its_status() -> None:
+    from corral.gateway import GatewayError
+    from corral.gateway._errors import CODES
+
+    statuses = {
+        400: "parse_error multiple_statements forbidden_statement forbidden_function "
+        "unknown_table unknown_column invalid_operation idempotency_key_required "
+        "read_only_violation invalid_data",
+        408: "statement_timeout",
+        409: "idempotency_in_progress outcome_unknown constraint_violation transaction_conflict",
+        422: "idempotency_conflict",
+        423: "agent_frozen",
+        429: "pool_exhausted",
+        500: "database_error",
+        503: "database_unavailable",
+    }
+    expected = {code: status for status, codes in statuses.items() for code in codes.split()}
+    assert set(expected) == set(CODES)
+    for code, status in expected.items():
+        assert http_status(GatewayError(code, "x")) == status, code
+
+
+def test_statuses_of_the_daemons_errors_and_other_errors() -> None:
+    assert http_status(AgentNotFoundError("a_1")) == 404
+    assert http_status(ServiceClosedError("spawn")) == 503
+    assert http_status(InvalidArgumentError("f", "x", "y", 1)) == 400
+    # A kernel error that shares a code with one of the daemon's keeps its family's status.
+    assert http_status(BudgetExhaustedError("tokens", 1, 2)) == 500
+    assert http_status(RemoteError("teapot", "short", status=418)) == 418

@@ -6,7 +6,6 @@ from __future__ import annotations
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,13 +18,16 @@ from mcp.shared.exceptions import MCPError
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from corral.daemon import AgentService, SQLiteStore
-from corral.daemon._auth import agent_token
-from corral.daemon._client import HttpApi, LocalApi
-from corral.daemon._http import create_app
-from corral.daemon._mcp import TOOLS, build_mcp_server, mcp_asgi_app, run_stdio
+from corral.daemon import (
+    LocalApi,
+    build_mcp_server,
+    create_app,
+    mcp_asgi_app,
+    run_stdio,
+)
+from corral.daemon._mcp import TOOLS
 from corral.kernel import InvalidArgumentError
-from tests.daemon.test_client import running_daemon, serving
+from tests.support.front_door import FrontDoor, serving
 from tests.support.harness import ScriptedHarness, fail
 from tests.support.polling import settle
 
@@ -44,28 +46,6 @@ TOOL_NAMES = [
     "db_status",
     "db_reinstate",
 ]
-
-
-class Env:
-    def __init__(self, service: AgentService, harness: ScriptedHarness) -> None:
-        self.service = service
-        self.harness = harness
-        self.api = LocalApi(service)
-
-    def state(self, agent_id: str) -> str:
-        return str(self.service.get(agent_id)["state"])
-
-
-@pytest.fixture
-async def env(tmp_path: Path) -> AsyncIterator[Env]:
-    store = SQLiteStore(tmp_path / "corral.db")
-    await store.open()
-    harness = ScriptedHarness()
-    service = AgentService(store, home=tmp_path / "home", harnesses={"command": harness})
-    await service.start()
-    yield Env(service, harness)
-    await service.close()
-    await store.close()
 
 
 def structured(result: types.CallToolResult) -> dict[str, Any]:
@@ -118,8 +98,8 @@ async def supervise(client: Client, state: Callable[[str], str], harness: Script
     return child
 
 
-async def test_tools_are_listed_with_their_schemas(env: Env) -> None:
-    async with Client(build_mcp_server(env.api)) as client:
+async def test_tools_are_listed_with_their_schemas(front: FrontDoor) -> None:
+    async with Client(build_mcp_server(front.api)) as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
     assert list(tools) == TOOL_NAMES
     assert all(t.description for t in tools.values())
@@ -137,13 +117,13 @@ async def test_tools_are_listed_with_their_schemas(env: Env) -> None:
     assert tools["agent_stop"].annotations.destructive_hint is True
 
 
-async def test_tools_in_process(env: Env) -> None:
-    async with Client(build_mcp_server(env.api)) as client:
-        await supervise(client, env.state, env.harness)
+async def test_tools_in_process(front: FrontDoor) -> None:
+    async with Client(build_mcp_server(front.api)) as client:
+        await supervise(client, front.state, front.harness)
 
 
-async def test_refusals_are_tool_errors_with_the_code(env: Env) -> None:
-    async with Client(build_mcp_server(env.api)) as client:
+async def test_refusals_are_tool_errors_with_the_code(front: FrontDoor) -> None:
+    async with Client(build_mcp_server(front.api)) as client:
         missing = await client.call_tool("agent_status", {"agentId": "a_00000000"})
         assert missing.is_error
         assert text(missing) == "agent_not_found: no agent with id 'a_00000000'"
@@ -176,9 +156,9 @@ class Broken(LocalApi):
 
 
 async def test_a_bug_in_the_api_is_a_tool_error_not_a_crash(
-    env: Env, caplog: pytest.LogCaptureFixture
+    front: FrontDoor, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with Client(build_mcp_server(Broken(env.service))) as client:
+    async with Client(build_mcp_server(Broken(front.service))) as client:
         result = await client.call_tool("agent_status", {"agentId": "a_1"})
         assert result.is_error
         assert text(result) == "corral_error: agent_status failed inside the daemon; see its log"
@@ -189,8 +169,8 @@ async def test_a_bug_in_the_api_is_a_tool_error_not_a_crash(
 
 
 @asynccontextmanager
-async def mcp_over_http(env: Env, **options: Any) -> AsyncIterator[str]:
-    mcp = mcp_asgi_app(env.api, **options)
+async def mcp_over_http(front: FrontDoor, **options: Any) -> AsyncIterator[str]:
+    mcp = mcp_asgi_app(front.api, **options)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -202,18 +182,18 @@ async def mcp_over_http(env: Env, **options: Any) -> AsyncIterator[str]:
         yield url + "/mcp"
 
 
-async def test_tools_over_streamable_http_on_loopback(env: Env) -> None:
-    async with mcp_over_http(env) as url, Client(url) as client:
+async def test_tools_over_streamable_http_on_loopback(front: FrontDoor) -> None:
+    async with mcp_over_http(front) as url, Client(url) as client:
         assert [t.name for t in (await client.list_tools()).tools] == TOOL_NAMES
-        await supervise(client, env.state, env.harness)
+        await supervise(client, front.state, front.harness)
         missing = await client.call_tool("inbox_read", {"agentId": "a_00000000"})
         assert missing.is_error
         assert structured(missing)["error"]["code"] == "agent_not_found"
 
 
-async def test_mounted_in_the_http_api_behind_its_token(env: Env) -> None:
-    app = create_app(env.service, token="s3cret")
-    mcp = mcp_asgi_app(env.api)
+async def test_mounted_in_the_http_api_behind_its_token(front: FrontDoor) -> None:
+    app = create_app(front.service, token="s3cret")
+    mcp = mcp_asgi_app(front.api)
     app.router.routes.append(Route("/mcp", endpoint=mcp.app))
     async with mcp.lifespan(), serving(app) as url:
         async with httpx.AsyncClient() as raw:
@@ -225,60 +205,47 @@ async def test_mounted_in_the_http_api_behind_its_token(env: Env) -> None:
             httpx2.AsyncClient(headers=headers) as http,
             Client(streamable_http_client(url + "/mcp", http_client=http)) as client,
         ):
-            await supervise(client, env.state, env.harness)
+            await supervise(client, front.state, front.harness)
 
 
 async def test_an_agent_token_reaches_through_mcp_what_it_reaches_over_http(
-    tmp_path: Path,
+    scoped_front: FrontDoor,
 ) -> None:
-    store = SQLiteStore(tmp_path / "scoped.db")
-    await store.open()
-    service = AgentService(
-        store, home=tmp_path / "home", harnesses={"command": ScriptedHarness()}, token="s3cret"
-    )
-    await service.start()
+    service = scoped_front.service
     lead = (await service.spawn({**SPEC, "name": "lead"})).body["id"]
     child = (await service.spawn({**SPEC, "name": "child", "parent": lead})).body["id"]
     other = (await service.spawn({**SPEC, "name": "other"})).body["id"]
-    app = create_app(service, token="s3cret")
-
-    def scoped(token: str) -> HttpApi:
-        return HttpApi("http://daemon", token=token, transport=httpx.ASGITransport(app=app))
-
-    mcp = mcp_asgi_app(LocalApi(service), scoped=scoped)
+    app = scoped_front.app()
+    mcp = mcp_asgi_app(scoped_front.api, scoped=scoped_front.api.as_agent)
     app.router.routes.append(Route("/mcp", endpoint=mcp.app))
-    headers = {"Authorization": f"Bearer {agent_token('s3cret', lead)}"}
-    try:
-        async with (
-            mcp.lifespan(),
-            serving(app) as url,
-            httpx2.AsyncClient(headers=headers) as http,
-            Client(streamable_http_client(url + "/mcp", http_client=http)) as client,
-        ):
-            listed = structured(await client.call_tool("agent_list"))["agents"]
-            assert sorted(a["id"] for a in listed) == sorted([lead, child])
-            status = structured(await client.call_tool("agent_status", {"agentId": child}))
-            assert status["name"] == "child"
-            refused = await client.call_tool("agent_stop", {"agentId": other})
-            assert refused.is_error
-            assert structured(refused)["error"]["code"] == "out_of_scope"
-            spawned = await client.call_tool(
-                "agent_spawn", {"spec": {**SPEC, "name": "helper", "parent": lead}}
-            )
-            assert structured(spawned)["parent"] == lead
-            root = await client.call_tool("agent_spawn", {"spec": {**SPEC, "name": "root"}})
-            assert structured(root)["error"]["code"] == "out_of_scope"
-    finally:
-        await service.close()
-        await store.close()
+    headers = {"Authorization": f"Bearer {scoped_front.agent_token(lead)}"}
+    async with (
+        mcp.lifespan(),
+        serving(app) as url,
+        httpx2.AsyncClient(headers=headers) as http,
+        Client(streamable_http_client(url + "/mcp", http_client=http)) as client,
+    ):
+        listed = structured(await client.call_tool("agent_list"))["agents"]
+        assert sorted(a["id"] for a in listed) == sorted([lead, child])
+        status = structured(await client.call_tool("agent_status", {"agentId": child}))
+        assert status["name"] == "child"
+        refused = await client.call_tool("agent_stop", {"agentId": other})
+        assert refused.is_error
+        assert structured(refused)["error"]["code"] == "out_of_scope"
+        spawned = await client.call_tool(
+            "agent_spawn", {"spec": {**SPEC, "name": "helper", "parent": lead}}
+        )
+        assert structured(spawned)["parent"] == lead
+        root = await client.call_tool("agent_spawn", {"spec": {**SPEC, "name": "root"}})
+        assert structured(root)["error"]["code"] == "out_of_scope"
 
 
-async def test_without_a_scoped_api_an_agent_token_is_refused(env: Env) -> None:
-    app = create_app(env.service, token="s3cret")
-    mcp = mcp_asgi_app(env.api)
+async def test_without_a_scoped_api_an_agent_token_is_refused(scoped_front: FrontDoor) -> None:
+    app = scoped_front.app()
+    mcp = mcp_asgi_app(scoped_front.api)
     app.router.routes.append(Route("/mcp", endpoint=mcp.app))
-    agent = (await env.service.spawn({**SPEC, "name": "w"})).body["id"]
-    headers = {"Authorization": f"Bearer {agent_token('s3cret', agent)}"}
+    agent = (await scoped_front.service.spawn({**SPEC, "name": "w"})).body["id"]
+    headers = {"Authorization": f"Bearer {scoped_front.agent_token(agent)}"}
     async with (
         mcp.lifespan(),
         serving(app) as url,
@@ -290,8 +257,8 @@ async def test_without_a_scoped_api_an_agent_token_is_refused(env: Env) -> None:
     assert structured(refused)["error"]["code"] == "out_of_scope"
 
 
-async def test_streamable_http_refuses_a_foreign_host_on_loopback(env: Env) -> None:
-    async with mcp_over_http(env) as url, httpx.AsyncClient() as raw:
+async def test_streamable_http_refuses_a_foreign_host_on_loopback(front: FrontDoor) -> None:
+    async with mcp_over_http(front) as url, httpx.AsyncClient() as raw:
         request = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
         answer = await raw.post(
             url,
@@ -301,30 +268,29 @@ async def test_streamable_http_refuses_a_foreign_host_on_loopback(env: Env) -> N
     assert answer.status_code in (403, 421)
 
 
-async def test_corral_mcp_over_stdio_talks_to_the_daemon(tmp_path: Path) -> None:
-    async with running_daemon(tmp_path) as daemon:
-        params = StdioServerParameters(
-            command=sys.executable, args=["-m", "corral.cli", "--url", daemon.url, "mcp"]
-        )
-        async with Client(params) as client:
-            assert [t.name for t in (await client.list_tools()).tools] == TOOL_NAMES
-            await supervise(client, daemon.state, daemon.harness)
-            missing = await client.call_tool("agent_prompt", {"agentId": "a_00000000"})
-            assert missing.is_error
-            assert text(missing) == "agent_not_found: no agent with id 'a_00000000'"
+async def test_corral_mcp_over_stdio_talks_to_the_daemon(daemon: FrontDoor) -> None:
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "corral.cli", "--url", daemon.url, "mcp"]
+    )
+    async with Client(params) as client:
+        assert [t.name for t in (await client.list_tools()).tools] == TOOL_NAMES
+        await supervise(client, daemon.state, daemon.harness)
+        missing = await client.call_tool("agent_prompt", {"agentId": "a_00000000"})
+        assert missing.is_error
+        assert text(missing) == "agent_not_found: no agent with id 'a_00000000'"
 
 
-async def test_bad_arguments(env: Env) -> None:
+async def test_bad_arguments(front: FrontDoor) -> None:
     with pytest.raises(InvalidArgumentError, match="build_mcp_server: api must be"):
         build_mcp_server("api")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match="build_mcp_server: name must be"):
-        build_mcp_server(env.api, name="")
+        build_mcp_server(front.api, name="")
     with pytest.raises(InvalidArgumentError, match="mcp_asgi_app: api must be"):
         mcp_asgi_app(object())  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match="mcp_asgi_app: host must be"):
-        mcp_asgi_app(env.api, host="")
+        mcp_asgi_app(front.api, host="")
     with pytest.raises(InvalidArgumentError, match="mcp_asgi_app: allowed_hosts must be"):
-        mcp_asgi_app(env.api, allowed_hosts="localhost:*")
+        mcp_asgi_app(front.api, allowed_hosts="localhost:*")
     with pytest.raises(InvalidArgumentError, match="run_stdio: api must be"):
         await run_stdio(None)  # type: ignore[arg-type]
     assert [t.name for t in TOOLS] == TOOL_NAMES

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import httpx
@@ -10,21 +9,13 @@ import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from corral.daemon import ServeConfig, serve
 from corral.daemon._mcp import TOOLS
-from tests.support.harness import ScriptedHarness
+from tests.support.front_door import running_serve
 
 
 async def test_serve_exposes_the_mcp_tools_at_slash_mcp(tmp_path: Path) -> None:
-    bound: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    config = ServeConfig(
-        port=0, store=f"sqlite:///{tmp_path / 'c.db'}", home=tmp_path, token="t0ken"
-    )
-    server = asyncio.create_task(
-        serve(config, harnesses={"command": ScriptedHarness()}, ready=bound.set_result)
-    )
-    try:
-        url = await asyncio.wait_for(bound, 20)
+    async with running_serve(tmp_path, token="t0ken") as daemon:
+        url = daemon.url
         async with httpx.AsyncClient() as raw:
             assert (await raw.post(url + "/mcp", json={})).status_code == 401
         headers = {"Authorization": "Bearer t0ken"}
@@ -40,6 +31,3 @@ async def test_serve_exposes_the_mcp_tools_at_slash_mcp(tmp_path: Path) -> None:
             assert not spawned.is_error
             listed = await client.call_tool("agent_list", {})
             assert not listed.is_error
-    finally:
-        server.cancel()
-        await asyncio.gather(server, return_exceptions=True)

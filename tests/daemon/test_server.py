@@ -28,7 +28,7 @@ from corral.daemon import (
 from corral.daemon._server import ListenError, TokenRequiredError
 from corral.kernel import InvalidArgumentError
 from corral.runtime import FakeClock
-from tests.daemon.test_sse import BOUND_S, running
+from tests.support.front_door import BOUND_S, running_serve
 from tests.support.harness import ScriptedHarness
 from tests.support.polling import settle
 
@@ -88,9 +88,11 @@ async def test_open_store_passes_the_clock(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("scheme", ["postgresql", "postgres"])
 def test_open_store_gives_postgres_for_postgresql_urls(scheme: str) -> None:
-    postgres = pytest.importorskip("corral.daemon._postgres")
+    pytest.importorskip("psycopg")
+    from corral.daemon.stores import PostgresStore
+
     store = open_store(f"{scheme}://corral:pw@db.internal:5432/corral")
-    assert isinstance(store, postgres.PostgresStore)
+    assert isinstance(store, PostgresStore)
     assert store.dsn == f"{scheme}://corral:pw@db.internal:5432/corral"
 
 
@@ -104,9 +106,11 @@ def test_open_store_gives_postgres_for_postgresql_urls(scheme: str) -> None:
     ],
 )
 def test_open_store_gives_postgres_for_a_keyword_connection_string(dsn: str) -> None:
-    postgres = pytest.importorskip("corral.daemon._postgres")
+    pytest.importorskip("psycopg")
+    from corral.daemon.stores import PostgresStore
+
     store = open_store(dsn)
-    assert isinstance(store, postgres.PostgresStore)
+    assert isinstance(store, PostgresStore)
     assert store.dsn == dsn
 
 
@@ -317,7 +321,7 @@ async def test_an_agent_calls_back_with_its_own_token_never_the_daemons(
 async def test_serve_listens_on_a_free_port_and_gives_agents_its_url(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    async with running(tmp_path) as daemon, daemon.client() as client:
+    async with running_serve(tmp_path) as daemon, daemon.client() as client:
         assert daemon.url.startswith("http://127.0.0.1:")
         assert (await client.get("/healthz")).json() == {"status": "ok"}
         spawned = await client.post("/agents", json={**WORKER, "prompt": "go"})
@@ -336,7 +340,7 @@ async def _settle_requests(harness: ScriptedHarness, count: int) -> None:
 
 
 async def test_cancelling_serve_closes_the_port_and_the_store(tmp_path: Path) -> None:
-    async with running(tmp_path) as daemon, daemon.client() as client:
+    async with running_serve(tmp_path) as daemon, daemon.client() as client:
         agent_id = (await client.post("/agents", json=WORKER)).json()["id"]
         daemon.task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -353,11 +357,11 @@ async def test_cancelling_serve_closes_the_port_and_the_store(tmp_path: Path) ->
 
 
 async def test_serve_settles_turns_left_in_flight_on_the_same_store(tmp_path: Path) -> None:
-    async with running(tmp_path) as daemon, daemon.client() as client:
+    async with running_serve(tmp_path) as daemon, daemon.client() as client:
         daemon.harness.script("w", "hang")
         agent_id = (await client.post("/agents", json={**WORKER, "prompt": "go"})).json()["id"]
         await _settle_requests(daemon.harness, 1)
-    async with running(tmp_path) as daemon, daemon.client() as client:
+    async with running_serve(tmp_path) as daemon, daemon.client() as client:
         agent = (await client.get(f"/agents/{agent_id}")).json()
         events = (await client.get("/events", params={"format": "json"})).json()["events"]
     assert agent["state"] == "failed"
@@ -370,7 +374,7 @@ async def test_serve_with_a_wildcard_host_and_token_gives_a_loopback_url(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     token = "wild-token-0123456789"
-    async with running(tmp_path, host="0.0.0.0", token=token) as daemon:
+    async with running_serve(tmp_path, host="0.0.0.0", token=token) as daemon:
         async with httpx.AsyncClient(base_url=daemon.url) as anonymous:
             assert (await anonymous.get("/agents")).status_code == 401
             assert (await anonymous.get("/healthz")).status_code == 200
@@ -519,7 +523,7 @@ async def test_an_agent_token_uses_the_served_mcp_endpoint_within_its_scope(
     from corral.daemon._auth import agent_token
 
     token = "serve-token-0123456789"
-    async with running(tmp_path, token=token) as daemon:
+    async with running_serve(tmp_path, token=token) as daemon:
         headers = {"authorization": f"Bearer {token}"}
         async with httpx.AsyncClient(base_url=daemon.url, headers=headers) as admin:
             lead = (await admin.post("/agents", json=WORKER)).json()["id"]

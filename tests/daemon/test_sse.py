@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -13,48 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from corral.daemon import ServeConfig, serve
-from tests.support.harness import ScriptedHarness
-
-BOUND_S = 10.0  # upper bound on any wait for the server; never a guess at how long it takes
-
-
-@dataclass
-class Daemon:
-    url: str
-    harness: ScriptedHarness
-    task: asyncio.Task[None]
-    token: str | None = None
-
-    def client(self, **headers: str) -> httpx.AsyncClient:
-        if self.token is not None:
-            headers.setdefault("authorization", f"Bearer {self.token}")
-        return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=BOUND_S)
-
-
-@contextlib.asynccontextmanager
-async def running(tmp_path: Path, **overrides: Any) -> AsyncIterator[Daemon]:
-    """``serve`` on port 0 in this loop; cancelled (and awaited) on exit."""
-    harness = ScriptedHarness()
-    config = ServeConfig(
-        port=0,
-        store=f"sqlite:///{tmp_path / 'corral.db'}",
-        home=tmp_path / "home",
-        **overrides,
-    )
-    url: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(serve(config, harnesses={"command": harness}, ready=url.set_result))
-    try:
-        either: set[asyncio.Future[Any]] = {url, task}
-        async with asyncio.timeout(BOUND_S):
-            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            await task  # raises what stopped it
-        yield Daemon(url.result(), harness, task, config.token)
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+from tests.support.front_door import BOUND_S, running_serve
 
 
 @pytest.fixture(autouse=True)
@@ -123,7 +81,7 @@ WORKER = {"name": "w", "harness": "command", "command": ["worker"]}
 
 
 async def test_live_events_arrive_with_seq_as_id_and_type_as_event(tmp_path: Path) -> None:
-    async with running(tmp_path) as daemon, daemon.client() as client:
+    async with running_serve(tmp_path) as daemon, daemon.client() as client:
         agent_id = (await client.post("/agents", json=WORKER)).json()["id"]
         async with client.stream("GET", "/events") as response:
             assert response.status_code == 200
@@ -151,7 +109,7 @@ async def test_live_events_arrive_with_seq_as_id_and_type_as_event(tmp_path: Pat
 async def test_resume_with_last_event_id_gives_the_events_after_it_then_live_ones(
     tmp_path: Path,
 ) -> None:
-    async with running(tmp_path) as daemon, daemon.client() as client:
+    async with running_serve(tmp_path) as daemon, daemon.client() as client:
         agent_id = (await client.post("/agents", json={**WORKER, "prompt": "one"})).json()["id"]
         async with client.stream("GET", "/events") as response:
             first = await until(frames(response), "agent.state_changed", to="idle")
@@ -168,7 +126,7 @@ async def test_resume_with_last_event_id_gives_the_events_after_it_then_live_one
 
 
 async def test_after_query_resumes_too_and_the_header_wins_over_it(tmp_path: Path) -> None:
-    async with running(tmp_path) as daemon, daemon.client() as client:
+    async with running_serve(tmp_path) as daemon, daemon.client() as client:
         for name in ("a", "b", "c"):
             await client.post("/agents", json={**WORKER, "name": name})
         async with client.stream("GET", "/events", params={"after": 1}) as response:
@@ -182,7 +140,7 @@ async def test_after_query_resumes_too_and_the_header_wins_over_it(tmp_path: Pat
 
 
 async def test_agent_filter_streams_only_that_agents_events(tmp_path: Path) -> None:
-    async with running(tmp_path) as daemon, daemon.client() as client:
+    async with running_serve(tmp_path) as daemon, daemon.client() as client:
         first = (await client.post("/agents", json={**WORKER, "name": "a"})).json()["id"]
         second = (await client.post("/agents", json={**WORKER, "name": "b"})).json()["id"]
         async with client.stream("GET", "/events", params={"agent": first}) as response:
@@ -205,7 +163,7 @@ async def test_agent_filter_streams_only_that_agents_events(tmp_path: Path) -> N
 
 async def test_heartbeat_comments_keep_an_idle_stream_open(tmp_path: Path) -> None:
     async with (
-        running(tmp_path, heartbeat_s=0.05) as daemon,
+        running_serve(tmp_path, heartbeat_s=0.05) as daemon,
         daemon.client() as client,
         client.stream("GET", "/events") as response,
         asyncio.timeout(BOUND_S),
@@ -218,7 +176,7 @@ async def test_heartbeat_comments_keep_an_idle_stream_open(tmp_path: Path) -> No
 
 
 async def test_stream_errors_are_json_before_the_stream_starts(tmp_path: Path) -> None:
-    async with running(tmp_path) as daemon, daemon.client() as client:
+    async with running_serve(tmp_path) as daemon, daemon.client() as client:
         unknown = await client.get("/events", params={"agent": "a_00000000"})
         bad_cursor = await client.get("/events", headers={"Last-Event-ID": "x"})
     assert unknown.status_code == 404
@@ -228,7 +186,7 @@ async def test_stream_errors_are_json_before_the_stream_starts(tmp_path: Path) -
 
 
 async def test_an_open_stream_ends_when_the_daemon_stops(tmp_path: Path) -> None:
-    async with running(tmp_path) as daemon, daemon.client() as client:
+    async with running_serve(tmp_path) as daemon, daemon.client() as client:
         await client.post("/agents", json=WORKER)
         async with client.stream("GET", "/events") as response:
             stream = frames(response)
@@ -243,7 +201,7 @@ async def test_an_open_stream_ends_when_the_daemon_stops(tmp_path: Path) -> None
 
 async def test_with_a_token_the_stream_needs_it(tmp_path: Path) -> None:
     token = "stream-token-0123456789"
-    async with running(tmp_path, token=token) as daemon:
+    async with running_serve(tmp_path, token=token) as daemon:
         async with httpx.AsyncClient(base_url=daemon.url) as anonymous:
             refused = await anonymous.get("/events")
         async with daemon.client() as client:

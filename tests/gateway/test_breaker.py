@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
+from corral.daemon import http_status
 from corral.gateway._breaker import _MAX_REQUEST_CHARS, Breakers
 from corral.gateway._breaker_journal import (
     FreezeJournal,
@@ -235,7 +236,7 @@ async def test_each_signal_trips_at_its_threshold_and_not_before(
     with pytest.raises(GatewayError) as info:
         breakers.check("a")
     error = info.value
-    assert (error.code, error.status, error.retryable) == ("agent_frozen", 423, False)
+    assert (error.code, http_status(error), error.retryable) == ("agent_frozen", 423, False)
     assert f"freeze {freeze.id}" in error.message
     assert f"{threshold} {LABEL[signal]} within 10 s" in error.message
     assert f"threshold of {threshold}" in error.message

@@ -8,6 +8,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from corral.daemon import http_status
 from corral.gateway import BreakerPolicy
 from corral.gateway._errors import CODES, database_refusal, sqlstate_code
 from corral.gateway._execute import map_error
@@ -129,7 +130,7 @@ async def test_constraint_violations_name_the_constraint(shop_dsn: str) -> None:
     assert (orphan.code, orphan.details["sqlstate"]) == ("constraint_violation", "23503")
     assert orphan.details["constraint"] == "orders_customer_id_fkey"
     for error in (duplicate, missing, orphan):
-        assert (error.status, error.retryable) == (409, False)
+        assert (http_status(error), error.retryable) == (409, False)
         assert error.message.startswith("the write breaks a constraint: ")
 
 
@@ -151,7 +152,7 @@ async def test_serialization_failures_and_deadlocks_are_retryable_conflicts(
         )
     for error in (read, write):
         assert (error.code, error.details["sqlstate"]) == ("transaction_conflict", sqlstate)
-        assert (error.status, error.retryable) == (409, True)
+        assert (http_status(error), error.retryable) == (409, True)
         assert error.details["database_message"] == f"raised {sqlstate}"
     assert fetch(shop_dsn, "SELECT count(*) FROM corral.gateway_journal") == [(0,)]
 
@@ -162,7 +163,7 @@ async def test_other_classes_stay_database_errors(shop_dsn: str) -> None:
     async with Gateway.connect(shop_dsn) as gw:
         error = await refused(gw, {"sql": "SELECT gw_raise('P0001') AS x"})
     assert (error.code, error.details["sqlstate"]) == ("database_error", "P0001")
-    assert (error.status, error.retryable) == (500, False)
+    assert (http_status(error), error.retryable) == (500, False)
 
 
 @pytest.mark.postgres
@@ -190,10 +191,10 @@ def test_sqlstate_classes_map_to_codes() -> None:
     for other in ("40003", "42883", "P0001", "XX000", None, ""):
         assert sqlstate_code(other) == "database_error"
     assert {c: CODES[c] for c in ("invalid_data", "constraint_violation")} == {
-        "invalid_data": (400, False),
-        "constraint_violation": (409, False),
+        "invalid_data": False,
+        "constraint_violation": False,
     }
-    assert CODES["transaction_conflict"] == (409, True)
+    assert CODES["transaction_conflict"] is True
     with pytest.raises(ValueError, match="not a database refusal code"):
         database_refusal("statement_timeout", "x")
 

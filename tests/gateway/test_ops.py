@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import psycopg
 import pytest
 
+from corral.daemon import http_status
 from corral.gateway._catalog import Catalog, Column, Table
 from corral.gateway._catalog_load import load_postgres_catalog, load_sqlite_catalog
 from corral.gateway._errors import GatewayError
@@ -348,7 +349,7 @@ def test_injection_in_keys_operators_and_names_is_refused(
 
 def test_unknown_table_suggests_close_names() -> None:
     err = refusal({"op": "find", "table": "ordrs"})
-    assert (err.code, err.status, err.retryable) == ("unknown_table", 400, False)
+    assert (err.code, http_status(err), err.retryable) == ("unknown_table", 400, False)
     assert err.details["table"] == "ordrs"
     assert err.details["suggestions"] == ["orders"]
     assert "ordrs" in err.message
@@ -451,7 +452,7 @@ def test_malformed_requests_are_refused_naming_key_and_value(
     request_: dict[str, Any], key: str, shown: str
 ) -> None:
     err = refusal(request_)
-    assert (err.code, err.status, err.retryable) == ("invalid_operation", 400, False)
+    assert (err.code, http_status(err), err.retryable) == ("invalid_operation", 400, False)
     assert err.details["key"] == key
     assert err.details["value"] == shown
     assert key in err.message

@@ -9,6 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from corral.daemon import http_status
 from corral.gateway._catalog import Catalog, Column, Table
 from corral.gateway._catalog_load import load_postgres_catalog, load_sqlite_catalog
 from corral.gateway._errors import GatewayError
@@ -205,7 +206,7 @@ def test_parse_error_carries_the_parser_message_and_position() -> None:
     assert error.details["position"] == 10
     assert error.details["parser_message"] == 'syntax error at or near "FORM"'
     assert "at position 10" in error.message
-    assert error.status == 400
+    assert http_status(error) == 400
     assert error.retryable is False
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from corral.daemon import http_status
 from corral.gateway import BreakerPolicy, GatewayError, SQLiteGateway
 from corral.gateway._sqlite_engine import _refusal_code
 from corral.runtime import FakeClock
@@ -87,7 +88,7 @@ async def test_refusals_are_classified_by_cause(
         if "idempotency_key" in request_:
             assert await gw._call(gw._engine.lookup, AGENT, "k") is None  # the key stays free
     assert error.code == code
-    assert (error.status, error.retryable) == (
+    assert (http_status(error), error.retryable) == (
         (409 if code == "constraint_violation" else 400),
         False,
     )

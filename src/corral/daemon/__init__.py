@@ -6,11 +6,12 @@ decisions, and writes everything to a ``Store`` (SQLite or PostgreSQL) as an app
 event log with projections, committed before anything is announced.
 """
 
+from typing import TYPE_CHECKING
+
+from corral.daemon._api import AgentApi, LocalApi
 from corral.daemon._client import (
-    AgentApi,
     DaemonUnreachableError,
     HttpApi,
-    LocalApi,
     RemoteError,
     follow_events,
 )
@@ -28,7 +29,6 @@ from corral.daemon._errors import (
     SpawnRefusedError,
     StoreUnavailableError,
     UnauthorizedError,
-    http_status,
 )
 from corral.daemon._events import Event, NewEvent
 from corral.daemon._http import create_app
@@ -36,6 +36,7 @@ from corral.daemon._server import ServeConfig, open_store, serve
 from corral.daemon._service import AgentService, CommandResult
 from corral.daemon._spec import AgentSpec, parse_spec
 from corral.daemon._state import State, replay
+from corral.daemon._status import http_status
 from corral.daemon.harnesses import (
     CommandHarness,
     Harness,
@@ -47,6 +48,9 @@ from corral.daemon.harnesses import (
     TurnResult,
 )
 from corral.daemon.stores import SQLiteStore, Store
+
+if TYPE_CHECKING:  # imported on first use (see __getattr__), typed here
+    from corral.daemon._mcp import McpApp, build_mcp_server, mcp_asgi_app, run_stdio
 
 __all__ = [
     "AgentApi",

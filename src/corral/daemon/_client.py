@@ -1,179 +1,26 @@
-"""Talking to the agent service: in process (``LocalApi``) or over HTTP (``HttpApi``).
-
-Both speak JSON dicts in camelCase, exactly as the HTTP API does, and raise the same
-``CorralError`` subclasses, so the CLI and the MCP tools work the same against either.
-"""
+"""Talking to the daemon over HTTP: ``HttpApi`` (an ``AgentApi``, like the in-process
+``LocalApi``: the same JSON dicts and the same ``CorralError`` subclasses), ``follow_events``
+for its event stream, and the errors its answers stand for."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 from urllib.parse import quote, urlencode
 
 import httpx
 
 from corral.daemon import _errors
-from corral.daemon._databases import Databases, check_target_name, waiting_decisions
+from corral.daemon._databases import check_target_name
 from corral.daemon._errors import DaemonError, UnknownTargetError
 from corral.daemon._events import Event
-from corral.daemon._service import AgentService
 from corral.kernel import SYSTEM_CLOCK, Clock, CorralError, InvalidArgumentError
 from corral.kernel import _validate as v
 
 Json = dict[str, Any]
 
 DEFAULT_URL = "http://127.0.0.1:4600"
-
-
-@runtime_checkable
-class AgentApi(Protocol):
-    """The agent service's commands and queries, as JSON dicts.
-
-    ``spawn`` answers the new agent's record; ``prompt`` and ``stop`` answer
-    ``{"id", "accepted"}``. A retried command with the same ``idempotency_key`` answers the
-    first answer and is not applied twice. Every refusal is a ``CorralError`` subclass
-    (``AgentNotFoundError``, ``InvalidSpecError``, ...).
-    """
-
-    async def spawn(self, spec: Mapping[str, Any], idempotency_key: str | None = None) -> Json: ...
-
-    async def prompt(
-        self,
-        agent_id: str,
-        text: str | None = None,
-        by: str | None = None,
-        why: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> Json: ...
-
-    async def stop(
-        self,
-        agent_id: str,
-        by: str | None = None,
-        why: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> Json: ...
-
-    async def get(self, agent_id: str) -> Json: ...
-
-    async def list_agents(self) -> list[Json]: ...
-
-    async def inbox(self, agent_id: str) -> list[Json]: ...
-
-    async def decisions(self) -> list[Json]: ...
-
-    # The gateway (a daemon started with --db NAME=DSN). ``target`` None names the only
-    # database there is; gateway refusals raise errors with the gateway's codes.
-
-    async def db_targets(self) -> list[Json]: ...
-
-    async def db_schema(self, target: str | None = None) -> Json: ...
-
-    async def db_query(
-        self, agent_id: str, request: Mapping[str, Any], target: str | None = None
-    ) -> Json: ...
-
-    async def db_status(self, agent_id: str, target: str | None = None) -> Json: ...
-
-    async def db_history(self, agent_id: str, target: str | None = None) -> list[Json]: ...
-
-    async def db_freeze(
-        self, agent_id: str, reason: str, by: str | None = None, target: str | None = None
-    ) -> Json: ...
-
-    async def db_reinstate(
-        self, agent_id: str, by: str, reason: str, target: str | None = None
-    ) -> Json: ...
-
-
-class LocalApi:
-    """:class:`AgentApi` over an :class:`AgentService` (and the daemon's ``databases``, if
-    it fronts any) in this process."""
-
-    def __init__(self, service: AgentService, databases: Databases | None = None) -> None:
-        v.instance_of("LocalApi", "service", service, AgentService)
-        v.instance_of("LocalApi", "databases", databases, (Databases, type(None)))
-        self.service = service
-        self.databases = databases if databases is not None else Databases({}, service=service)
-
-    async def spawn(self, spec: Mapping[str, Any], idempotency_key: str | None = None) -> Json:
-        _mapping("spawn", "spec", spec)
-        result = await self.service.spawn(dict(spec), idempotency_key=idempotency_key)
-        return result.body
-
-    async def prompt(
-        self,
-        agent_id: str,
-        text: str | None = None,
-        by: str | None = None,
-        why: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> Json:
-        v.non_empty_str("prompt", "agent_id", agent_id)
-        result = await self.service.prompt(
-            agent_id, text, by=by, why=why, idempotency_key=idempotency_key
-        )
-        return result.body
-
-    async def stop(
-        self,
-        agent_id: str,
-        by: str | None = None,
-        why: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> Json:
-        v.non_empty_str("stop", "agent_id", agent_id)
-        result = await self.service.stop(agent_id, by=by, why=why, idempotency_key=idempotency_key)
-        return result.body
-
-    async def get(self, agent_id: str) -> Json:
-        v.non_empty_str("get", "agent_id", agent_id)
-        return self.service.get(agent_id)
-
-    async def list_agents(self) -> list[Json]:
-        return self.service.list_agents()
-
-    async def inbox(self, agent_id: str) -> list[Json]:
-        v.non_empty_str("inbox", "agent_id", agent_id)
-        return self.service.inbox(agent_id)
-
-    async def decisions(self) -> list[Json]:
-        return waiting_decisions(self.service, self.databases)
-
-    async def db_targets(self) -> list[Json]:
-        return self.databases.targets()
-
-    async def db_schema(self, target: str | None = None) -> Json:
-        return self.databases.schema(target)
-
-    async def db_query(
-        self, agent_id: str, request: Mapping[str, Any], target: str | None = None
-    ) -> Json:
-        return await self.databases.query(target, agent_id, request)
-
-    async def db_status(self, agent_id: str, target: str | None = None) -> Json:
-        return self.databases.status(target, agent_id)
-
-    async def db_history(self, agent_id: str, target: str | None = None) -> list[Json]:
-        return await self.databases.history(target, agent_id)
-
-    async def db_freeze(
-        self, agent_id: str, reason: str, by: str | None = None, target: str | None = None
-    ) -> Json:
-        return await self.databases.freeze(target, agent_id, reason=reason, by=by)
-
-    async def db_reinstate(
-        self, agent_id: str, by: str, reason: str, target: str | None = None
-    ) -> Json:
-        return await self.databases.reinstate(target, agent_id, by=by, reason=reason)
-
-    async def events(
-        self, after: int = 0, agent: str | None = None, limit: int = 1000
-    ) -> list[Event]:
-        """One page of the event log: up to ``limit`` events with ``seq > after``."""
-        _page_args(after, agent, limit)
-        return await self.service.events(after, agent_id=agent, limit=limit)
 
 
 # --- errors over the wire ---------------------------------------------------------------------
@@ -207,7 +54,6 @@ class DaemonUnreachableError(DaemonError):
     """No daemon answers at the URL (refused, unresolvable, timed out or dropped)."""
 
     code = "daemon_unreachable"
-    status = 503
     default_retryable = True
 
     def __init__(self, url: str, reason: str) -> None:
@@ -271,7 +117,8 @@ def error_from_answer(status: int, body: Any) -> CorralError:
     return error
 
 
-def _page_args(after: Any, agent: Any, limit: Any) -> None:
+def page_args(after: Any, agent: Any, limit: Any) -> None:
+    """Check the arguments of a page of the event log (``InvalidArgumentError``)."""
     v.non_negative_int("events", "after", after)
     v.non_empty_str("events", "agent", agent, optional=True)
     v.positive_int("events", "limit", limit)
@@ -287,7 +134,7 @@ def _event_of(item: Mapping[str, Any]) -> Event:
     )
 
 
-def _mapping(where: str, name: str, value: Any) -> None:
+def spec_mapping(where: str, name: str, value: Any) -> None:
     if not isinstance(value, Mapping):
         raise InvalidArgumentError(where, name, "a mapping (the agent spec as JSON)", value)
 
@@ -367,7 +214,7 @@ class HttpApi:
         return answer
 
     async def spawn(self, spec: Mapping[str, Any], idempotency_key: str | None = None) -> Json:
-        _mapping("spawn", "spec", spec)
+        spec_mapping("spawn", "spec", spec)
         body = dict(spec)
         if idempotency_key is not None:
             body["idempotencyKey"] = idempotency_key
@@ -467,7 +314,7 @@ class HttpApi:
         self, after: int = 0, agent: str | None = None, limit: int = 1000
     ) -> list[Event]:
         """One page of the event log: up to ``limit`` events with ``seq > after``."""
-        _page_args(after, agent, limit)
+        page_args(after, agent, limit)
         query = _command({"format": "json", "after": after, "agent": agent, "limit": limit})
         answer = await self._call("GET", "/events?" + urlencode(query))
         return [_event_of(item) for item in _items(answer, "events")]

@@ -1,4 +1,5 @@
-"""Errors of the agent service. Each maps to one HTTP status (see ``http_status``)."""
+"""Errors of the agent service: a ``DaemonError`` with a stable code each (the HTTP status
+of every code is in :mod:`corral.daemon._status`)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,12 @@ class DaemonError(CorralError):
     """Base of the agent service's own refusals."""
 
     code = "daemon_error"
-    status = 400
 
 
 class InvalidSpecError(DaemonError, UsageError):
     """A spec or command body is invalid; ``problems`` lists every problem found."""
 
     code = "invalid_spec"
-    status = 400
 
     def __init__(self, problems: list[dict[str, Any]], what: str = "agent spec") -> None:
         shown = "; ".join(f"{p['field']}: {p['message']}" for p in problems[:10])
@@ -31,7 +30,6 @@ class InvalidSpecError(DaemonError, UsageError):
 
 class AgentNotFoundError(DaemonError):
     code = "agent_not_found"
-    status = 404
 
     def __init__(self, agent_id: str) -> None:
         super().__init__(f"no agent with id {agent_id!r}", agent_id=agent_id)
@@ -42,7 +40,6 @@ class AgentNotLiveError(DaemonError):
     """The agent has ended (stopped or failed); it cannot take prompts any more."""
 
     code = "agent_not_live"
-    status = 409
 
     def __init__(self, agent_id: str, state: str) -> None:
         super().__init__(
@@ -56,7 +53,6 @@ class AgentBusyError(DaemonError):
     """The agent is in the middle of a turn; prompt it again when it is idle or blocked."""
 
     code = "agent_busy"
-    status = 409
     default_retryable = True
 
     def __init__(self, agent_id: str) -> None:
@@ -70,7 +66,6 @@ class AgentBudgetExhaustedError(DaemonError):
     """The agent's budget leaves no room for another turn; the turn did not start."""
 
     code = "budget_exhausted"
-    status = 409
 
     def __init__(self, agent_id: str, cause: BudgetExhaustedError) -> None:
         super().__init__(
@@ -84,7 +79,6 @@ class AgentBudgetExhaustedError(DaemonError):
 
 class NothingToSendError(DaemonError):
     code = "nothing_to_send"
-    status = 400
 
     def __init__(self, agent_id: str) -> None:
         super().__init__(
@@ -97,7 +91,6 @@ class IdempotencyConflictError(DaemonError):
     """The idempotency key was used before for a different command."""
 
     code = "idempotency_conflict"
-    status = 422
 
     def __init__(self, key: str, first: str, now: str) -> None:
         super().__init__(
@@ -113,7 +106,6 @@ class SpawnRefusedError(DaemonError, RefusalError):
     """The run's headcount cap is reached (retryable: a slot may free up)."""
 
     code = "spawn_budget_exceeded"
-    status = 409
     default_retryable = True
 
     def __init__(self, run_id: str, max_agents: int, live: int) -> None:
@@ -132,7 +124,6 @@ class StoreUnavailableError(DaemonError):
     otherwise (a file that is not a database stays one)."""
 
     code = "store_unavailable"
-    status = 503
     default_retryable = True
 
     def __init__(
@@ -161,7 +152,6 @@ class ServiceClosedError(DaemonError):
     daemon will)."""
 
     code = "shutting_down"
-    status = 503
     default_retryable = True
 
     def __init__(self, command: str) -> None:
@@ -173,7 +163,6 @@ class ServiceClosedError(DaemonError):
 
 class UnauthorizedError(DaemonError):
     code = "unauthorized"
-    status = 401
 
     def __init__(self) -> None:
         super().__init__("a valid bearer token is required")
@@ -183,7 +172,6 @@ class OutOfScopeError(DaemonError):
     """An agent's token reaches only that agent and its descendants."""
 
     code = "out_of_scope"
-    status = 403
 
     def __init__(self, principal: str, target: str) -> None:
         super().__init__(
@@ -198,7 +186,6 @@ class UnknownTargetError(DaemonError):
     """No database of that name (or none configured, or several and none named)."""
 
     code = "unknown_target"
-    status = 404
 
     def __init__(self, target: str | None, names: list[str]) -> None:
         if not names:
@@ -214,7 +201,6 @@ class GatewayNotInstalledError(DaemonError, UsageError):
     """``--db`` was given but the gateway's dependencies are not installed."""
 
     code = "gateway_not_installed"
-    status = 500
 
     def __init__(self, missing: str) -> None:
         super().__init__(
@@ -229,7 +215,6 @@ class NotFrozenError(DaemonError):
     reinstated, perhaps by someone else)."""
 
     code = "not_frozen"
-    status = 409
 
     def __init__(self, target: str, agent_id: str) -> None:
         super().__init__(
@@ -237,15 +222,3 @@ class NotFrozenError(DaemonError):
             target=target,
             agent_id=agent_id,
         )
-
-
-def http_status(error: CorralError) -> int:
-    """The HTTP status for ``error``: its own ``status``, else by family."""
-    status = getattr(error, "status", None)
-    if isinstance(status, int):
-        return status
-    if error.code in {"rate_limited", "pool_exhausted"}:
-        return 429
-    if isinstance(error, UsageError):
-        return 400
-    return 500

@@ -17,20 +17,18 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import httpx
 import uvicorn
 from starlette.routing import Route
 
-from corral.daemon._client import HttpApi, LocalApi
+from corral.daemon._api import LocalApi
 from corral.daemon._databases import Databases, check_target_name, target_kind
 from corral.daemon._dsn import parse_dsn, redacted
 from corral.daemon._errors import DaemonError
-from corral.daemon._harness import Harness
 from corral.daemon._http import create_app, is_loopback_host
 from corral.daemon._mcp import mcp_asgi_app
 from corral.daemon._service import AgentService
-from corral.daemon._sqlite import SQLiteStore
-from corral.daemon._store import Store
+from corral.daemon.harnesses import CommandHarness, Harness, OpenAIHarness, PythonHarness
+from corral.daemon.stores import SQLiteStore, Store
 from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError, UsageError
 from corral.kernel import _validate as v
 
@@ -69,7 +67,7 @@ def open_store(url: str, *, clock: Clock = SYSTEM_CLOCK) -> Store:
     kind, target = parse_dsn(url)
     if kind == "sqlite":
         return SQLiteStore(target, clock=clock)
-    from corral.daemon._postgres import PostgresStore  # psycopg only when it is asked for
+    from corral.daemon.stores._postgres import PostgresStore  # psycopg only when it is asked for
 
     store: Store = PostgresStore(target, clock=clock)
     return store
@@ -218,12 +216,10 @@ async def _run(
 
     # MCP over streamable HTTP, behind the same token and body limit as every other route.
     # A Route at exactly /mcp, not a Mount: MCP clients do not follow a redirect to /mcp/.
-    def scoped(token: str) -> HttpApi:
-        # An agent's MCP call goes through the HTTP API in process, with the agent's token:
-        # one place decides what a token reaches.
-        return HttpApi(local_url, token=token, transport=httpx.ASGITransport(app=app))
-
-    mcp = mcp_asgi_app(LocalApi(service, databases), host=config.host, scoped=scoped)
+    # An agent's token reaches through a tool what it reaches over HTTP: both call the
+    # scoped API.
+    api = LocalApi(service, databases)
+    mcp = mcp_asgi_app(api, host=config.host, scoped=api.as_agent)
     app.router.routes.append(Route("/mcp", endpoint=mcp.app))
     try:
         async with mcp.lifespan():
@@ -305,10 +301,6 @@ def _shown_store(config: ServeConfig) -> str:
 
 
 def _default_harnesses() -> dict[str, Harness]:
-    from corral.daemon._harness_command import CommandHarness
-    from corral.daemon._harness_openai import OpenAIHarness
-    from corral.daemon._harness_python import PythonHarness
-
     return {"command": CommandHarness(), "python": PythonHarness(), "openai": OpenAIHarness()}
 
 

@@ -162,11 +162,6 @@ class AgentService:
         """How many event streams (:meth:`subscribe`) are open."""
         return len(self._feed.subscribers)
 
-    @property
-    def _subscribers(self) -> frozenset[object]:
-        # Read by tests/daemon/test_client.py; use ``subscriptions``.
-        return self._feed.subscribers
-
     # --- queries ----------------------------------------------------------------------------
 
     def get(self, agent_id: str) -> Json:

@@ -1,10 +1,10 @@
 """The gateway's refusals and failures: one ``GatewayError`` with a stable code each.
 
 A statement the database refused is classified by its cause (:func:`sqlstate_code`): bad data
-in the request (``invalid_data``, 400), a broken constraint (``constraint_violation``, 409),
-neither retryable, since the same request fails the same way; a conflict with a concurrent
-transaction (``transaction_conflict``, 409, retryable); anything else is ``database_error``
-(500). :func:`database_refusal` words them alike on every engine.
+in the request (``invalid_data``), a broken constraint (``constraint_violation``), neither
+retryable, since the same request fails the same way; a conflict with a concurrent
+transaction (``transaction_conflict``, retryable); anything else is ``database_error``.
+:func:`database_refusal` words them alike on every engine.
 """
 
 from __future__ import annotations
@@ -13,37 +13,36 @@ from typing import Any
 
 from corral.kernel import RefusalError
 
-# code -> (HTTP status, retryable)
-CODES: dict[str, tuple[int, bool]] = {
-    "parse_error": (400, False),
-    "multiple_statements": (400, False),
-    "forbidden_statement": (400, False),
-    "forbidden_function": (400, False),
-    "unknown_table": (400, False),
-    "unknown_column": (400, False),
-    "invalid_operation": (400, False),
-    "idempotency_key_required": (400, False),
-    "read_only_violation": (400, False),
-    "idempotency_conflict": (422, False),
-    "idempotency_in_progress": (409, True),
-    "outcome_unknown": (409, False),
-    "agent_frozen": (423, False),
-    "pool_exhausted": (429, True),
-    "statement_timeout": (408, True),
-    "invalid_data": (400, False),
-    "constraint_violation": (409, False),
-    "transaction_conflict": (409, True),
-    "database_error": (500, False),
-    "database_unavailable": (503, True),
+# code -> retryable (the daemon keeps each code's HTTP status)
+CODES: dict[str, bool] = {
+    "parse_error": False,
+    "multiple_statements": False,
+    "forbidden_statement": False,
+    "forbidden_function": False,
+    "unknown_table": False,
+    "unknown_column": False,
+    "invalid_operation": False,
+    "idempotency_key_required": False,
+    "read_only_violation": False,
+    "idempotency_conflict": False,
+    "idempotency_in_progress": True,
+    "outcome_unknown": False,
+    "agent_frozen": False,
+    "pool_exhausted": True,
+    "statement_timeout": True,
+    "invalid_data": False,
+    "constraint_violation": False,
+    "transaction_conflict": True,
+    "database_error": False,
+    "database_unavailable": True,
 }
 
 
 class GatewayError(RefusalError):
     """A request the gateway refused or could not complete.
 
-    ``code`` is one of :data:`CODES`; ``status`` the HTTP status the daemon answers with;
-    ``details`` holds what the agent can act on (close matches for a misspelt column, the
-    statement that tripped a breaker, ...).
+    ``code`` is one of :data:`CODES`; ``details`` holds what the agent can act on (close
+    matches for a misspelt column, the statement that tripped a breaker, ...).
     """
 
     code = "gateway_error"
@@ -51,10 +50,8 @@ class GatewayError(RefusalError):
     def __init__(self, code: str, message: str, **details: Any) -> None:
         if code not in CODES:
             raise ValueError(f"unknown gateway error code {code!r}")
-        status, retryable = CODES[code]
-        super().__init__(message, retryable=retryable, **details)
+        super().__init__(message, retryable=CODES[code], **details)
         self.code = code  # type: ignore[misc]  # per instance: one class, many codes
-        self.status = status
 
 
 # SQLSTATEs of a transaction rolled back for a concurrent one: serialization failure, deadlock.

@@ -1,63 +1,25 @@
-"""The agent service's MCP tools, over streamable HTTP (``mcp_asgi_app``) or stdio.
-
-Tools: ``agent_spawn``, ``agent_prompt``, ``agent_stop``, ``agent_status``, ``agent_list``,
-``inbox_read``, ``decisions_list``, and the gateway's ``db_targets``, ``db_schema``,
-``db_query``, ``db_status``, ``db_reinstate``; each is one call on an :class:`AgentApi`. A
-refusal is an MCP tool error (``isError``) whose text is ``"<code>: <message>"`` and whose
-structured content is ``{"error": {code, message, retryable, details}}``, the HTTP API's error body.
-
-Mounting the streamable HTTP endpoint in a Starlette or FastAPI app (``create_app``'s)::
-
-    mcp = mcp_asgi_app(LocalApi(service), host=config.host)
-    app.router.routes.append(Route("/mcp", endpoint=mcp.app))  # starlette.routing.Route
-
-    async with mcp.lifespan():        # around the server: Starlette never runs the lifespan
-        await server.serve()          # of a routed app, and the endpoint answers only inside
-
-(or enter ``mcp.lifespan()`` in the app's own lifespan). Use a ``Route`` at ``/mcp``, not
-``Mount``: MCP clients do not follow the redirect from ``/mcp`` to ``/mcp/``. The app's
-middleware (bearer token, body limit) applies to ``/mcp`` like to any route.
-``mcp.lifespan()`` may be entered once per :func:`mcp_asgi_app` call.
-"""
+"""The MCP tools: each one's arguments (a pydantic model, its JSON schema the tool's input
+schema), description and hints, and the one :class:`AgentApi` call it makes."""
 
 from __future__ import annotations
 
-import json
-import logging
-from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import mcp_types as types
-import pydantic
-from mcp.server import Server, ServerRequestContext
-from mcp.server.stdio import stdio_server
-from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
-from mcp.server.transport_security import TransportSecuritySettings
-from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
-from starlette.datastructures import Headers
-from starlette.types import ASGIApp
 
-from corral.daemon._auth import AGENT_SCOPE_KEY
-from corral.daemon._client import AgentApi
-from corral.daemon._errors import InvalidSpecError, OutOfScopeError
-from corral.daemon._spec import AgentSpec, problems_of
-from corral.kernel import CorralError
-from corral.kernel import _validate as v
-
-logger = logging.getLogger("corral.daemon.mcp")
-
-SERVER_NAME = "corral"
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
+from corral.daemon._api import AgentApi
+from corral.daemon._spec import AgentSpec
 
 # --- tool arguments ---------------------------------------------------------------------------
 
 
-class _Args(BaseModel):
+class Args(BaseModel):
+    """A tool's arguments: camelCase (snake_case accepted), no unknown fields."""
+
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
 
@@ -72,12 +34,12 @@ _BY = Field(default=None, description="Who decides (recorded when it resolves a 
 _WHY = Field(default=None, description="Why (recorded when it resolves a decision).")
 
 
-class SpawnArgs(_Args):
+class SpawnArgs(Args):
     spec: dict[str, Any] = Field(description="The agent spec (camelCase JSON).")
     idempotency_key: str | None = _KEY
 
 
-class PromptArgs(_Args):
+class PromptArgs(Args):
     agent_id: str = _AGENT
     text: str | None = Field(
         default=None, description="The prompt; without it the last prompt is sent again."
@@ -87,18 +49,18 @@ class PromptArgs(_Args):
     idempotency_key: str | None = _KEY
 
 
-class StopArgs(_Args):
+class StopArgs(Args):
     agent_id: str = _AGENT
     by: str | None = _BY
     why: str | None = _WHY
     idempotency_key: str | None = _KEY
 
 
-class AgentArgs(_Args):
+class AgentArgs(Args):
     agent_id: str = _AGENT
 
 
-class NoArgs(_Args):
+class NoArgs(Args):
     pass
 
 
@@ -109,7 +71,7 @@ _TARGET = Field(
 )
 
 
-class DbQueryArgs(_Args):
+class DbQueryArgs(Args):
     agent_id: str = Field(min_length=1, description="The agent making the request.")
     request: dict[str, Any] = Field(
         description='The request: {"sql": "SELECT ... WHERE id = $1", "params": [7]}, or a '
@@ -122,16 +84,16 @@ class DbQueryArgs(_Args):
     target: str | None = _TARGET
 
 
-class DbTargetArgs(_Args):
+class DbTargetArgs(Args):
     target: str | None = _TARGET
 
 
-class DbAgentArgs(_Args):
+class DbAgentArgs(Args):
     agent_id: str = _AGENT
     target: str | None = _TARGET
 
 
-class DbReinstateArgs(_Args):
+class DbReinstateArgs(Args):
     agent_id: str = _AGENT
     by: str = Field(min_length=1, description="The person who decides (recorded).")
     reason: str = Field(min_length=1, description="Why the agent may use the database again.")
@@ -142,11 +104,14 @@ Handler = Callable[[AgentApi, Any], Awaitable[dict[str, Any]]]
 
 
 @dataclass(frozen=True, slots=True)
-class _Tool:
+class Tool:
+    """One MCP tool: ``run(api, args)`` answers its structured content; ``definition()`` is
+    what ``tools/list`` shows of it."""
+
     name: str
     title: str
     description: str
-    args: type[_Args]
+    args: type[Args]
     run: Handler
     read_only: bool
     idempotent: bool
@@ -156,7 +121,7 @@ class _Tool:
             name=self.name,
             title=self.title,
             description=self.description,
-            input_schema=_schema(self.args),
+            input_schema=input_schema(self.args),
             annotations=types.ToolAnnotations(
                 title=self.title,
                 read_only_hint=self.read_only,
@@ -167,7 +132,8 @@ class _Tool:
         )
 
 
-def _schema(args: type[_Args]) -> dict[str, Any]:
+def input_schema(args: type[Args]) -> dict[str, Any]:
+    """The JSON schema of a tool's arguments, in camelCase, without pydantic's titles."""
     schema = args.model_json_schema(by_alias=True)
     schema.pop("title", None)
     for prop in schema.get("properties", {}).values():
@@ -231,8 +197,8 @@ async def _db_reinstate(api: AgentApi, a: DbReinstateArgs) -> dict[str, Any]:
     return await api.db_reinstate(a.agent_id, a.by, a.reason, a.target)
 
 
-TOOLS: tuple[_Tool, ...] = (
-    _Tool(
+TOOLS: tuple[Tool, ...] = (
+    Tool(
         "agent_spawn",
         "Spawn an agent",
         "Create an agent from a spec: name, harness (command, python or openai) and its "
@@ -244,7 +210,7 @@ TOOLS: tuple[_Tool, ...] = (
         read_only=False,
         idempotent=False,
     ),
-    _Tool(
+    Tool(
         "agent_prompt",
         "Prompt an agent",
         "Start a turn of an idle or blocked agent (a blocked agent's decision is resolved, "
@@ -255,7 +221,7 @@ TOOLS: tuple[_Tool, ...] = (
         read_only=False,
         idempotent=False,
     ),
-    _Tool(
+    Tool(
         "agent_stop",
         "Stop an agent",
         "End an agent: a turn in flight is cancelled and its working directory removed. "
@@ -265,7 +231,7 @@ TOOLS: tuple[_Tool, ...] = (
         read_only=False,
         idempotent=False,
     ),
-    _Tool(
+    Tool(
         "agent_status",
         "Agent status",
         "One agent's record: state (running, idle, blocked, failed, stopped), reason, last "
@@ -275,7 +241,7 @@ TOOLS: tuple[_Tool, ...] = (
         read_only=True,
         idempotent=True,
     ),
-    _Tool(
+    Tool(
         "agent_list",
         "List agents",
         'Every agent\'s record, as {"agents": [...]}.',
@@ -284,7 +250,7 @@ TOOLS: tuple[_Tool, ...] = (
         read_only=True,
         idempotent=True,
     ),
-    _Tool(
+    Tool(
         "inbox_read",
         "Read an inbox",
         "The notices sent to an agent by its children (supervision needed, done, failed, "
@@ -294,7 +260,7 @@ TOOLS: tuple[_Tool, ...] = (
         read_only=True,
         idempotent=True,
     ),
-    _Tool(
+    Tool(
         "decisions_list",
         "List decisions",
         "Everything waiting on a person, oldest first: blocked agents with their reason and "
@@ -305,7 +271,7 @@ TOOLS: tuple[_Tool, ...] = (
         read_only=True,
         idempotent=True,
     ),
-    _Tool(
+    Tool(
         "db_targets",
         "List databases",
         "The databases agents reach through the gateway: name, dialect (postgresql or "
@@ -315,7 +281,7 @@ TOOLS: tuple[_Tool, ...] = (
         read_only=True,
         idempotent=True,
     ),
-    _Tool(
+    Tool(
         "db_schema",
         "Database schema",
         "The tables and columns of a database that agents may use (name, type, nullable, "
@@ -325,7 +291,7 @@ TOOLS: tuple[_Tool, ...] = (
         read_only=True,
         idempotent=True,
     ),
-    _Tool(
+    Tool(
         "db_query",
         "Query a database",
         "Run one SQL statement or structured operation through the gateway. Reads run "
@@ -340,7 +306,7 @@ TOOLS: tuple[_Tool, ...] = (
         read_only=False,
         idempotent=False,
     ),
-    _Tool(
+    Tool(
         "db_status",
         "Gateway status of an agent",
         "An agent's breakers in a database: frozen or not (with the freeze and its "
@@ -351,7 +317,7 @@ TOOLS: tuple[_Tool, ...] = (
         read_only=True,
         idempotent=True,
     ),
-    _Tool(
+    Tool(
         "db_reinstate",
         "Reinstate a frozen agent",
         "Lift an agent's freeze in a database (a decision of decisions_list), recorded with "
@@ -362,163 +328,3 @@ TOOLS: tuple[_Tool, ...] = (
         idempotent=False,
     ),
 )
-
-
-# --- the server -------------------------------------------------------------------------------
-
-
-def _result(value: dict[str, Any]) -> types.CallToolResult:
-    return types.CallToolResult(
-        content=[types.TextContent(text=json.dumps(value, indent=2, default=str))],
-        structured_content=value,
-    )
-
-
-def _error(error: CorralError) -> types.CallToolResult:
-    return types.CallToolResult(
-        content=[types.TextContent(text=f"{error.code}: {error.message}")],
-        structured_content={"error": json.loads(json.dumps(error.to_dict(), default=str))},
-        is_error=True,
-    )
-
-
-ScopedApi = Callable[[str], AbstractAsyncContextManager[AgentApi]]
-"""``scoped(token)``: an :class:`AgentApi` that acts with an agent's bearer token (so with
-that agent's scope), for the length of one tool call."""
-
-
-def build_mcp_server(
-    api: AgentApi, *, name: str = SERVER_NAME, scoped: ScopedApi | None = None
-) -> Server[Any]:
-    """A low-level MCP ``Server`` whose tools call ``api``.
-
-    Any transport of the SDK can run it (``Client(server)`` connects to it in process).
-    Refusals of ``api`` come back as tool errors; a tool name that does not exist is a
-    JSON-RPC ``INVALID_PARAMS`` error, as the protocol asks. Over HTTP, a request the daemon's
-    gate marked as an agent's (its own token) is served by ``scoped(token)`` instead, so an
-    agent reaches through MCP exactly what its token reaches over HTTP; without ``scoped``
-    such a request is refused (``out_of_scope``).
-    """
-    v.instance_of("build_mcp_server", "api", api, AgentApi)
-    v.non_empty_str("build_mcp_server", "name", name)
-    if scoped is not None:
-        v.callable_("build_mcp_server", "scoped", scoped)
-    tools = {tool.name: tool for tool in TOOLS}
-    listed = [tool.definition() for tool in TOOLS]
-
-    async def list_tools(
-        ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
-    ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=listed)
-
-    async def call_tool(
-        ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
-        tool = tools.get(params.name)
-        if tool is None:
-            raise MCPError(
-                types.INVALID_PARAMS, f"unknown tool {params.name!r}; the tools are {list(tools)}"
-            )
-        try:
-            args = tool.args.model_validate(params.arguments or {})
-        except pydantic.ValidationError as exc:
-            return _error(InvalidSpecError(problems_of(exc), what=f"{tool.name} arguments"))
-        try:
-            token = _agent_token(ctx)
-            if token is None:
-                return _result(await tool.run(api, args))
-            if scoped is None:
-                raise OutOfScopeError(token[1], "the MCP endpoint (run `corral mcp` instead)")
-            async with scoped(token[0]) as agent_api:
-                return _result(await tool.run(agent_api, args))
-        except CorralError as exc:
-            return _error(exc)
-        except Exception:
-            # A bug, not a refusal: the caller gets a tool error, the log gets the traceback.
-            logger.exception("MCP tool %s failed", tool.name)
-            return _error(
-                CorralError(f"{tool.name} failed inside the daemon; see its log", tool=tool.name)
-            )
-
-    return Server(
-        name,
-        title="corral agent service",
-        instructions="Spawn, prompt, stop and watch supervised agents; list the decisions "
-        "waiting on a person.",
-        get_tool_input_schema=lambda tool_name: (
-            _schema(tools[tool_name].args) if tool_name in tools else None
-        ),
-        on_list_tools=list_tools,
-        on_call_tool=call_tool,
-    )
-
-
-def _agent_token(ctx: ServerRequestContext[Any]) -> tuple[str, str] | None:
-    """``(token, agent id)`` when the HTTP request carries an agent's token (the gate put the
-    agent in its scope), else None."""
-    request = ctx.request
-    scope = getattr(request, "scope", None)
-    if not isinstance(scope, dict) or not isinstance(scope.get(AGENT_SCOPE_KEY), str):
-        return None
-    header = Headers(scope=scope).get("authorization", "")
-    return header.partition(" ")[2].strip(), str(scope[AGENT_SCOPE_KEY])
-
-
-class McpApp(NamedTuple):
-    """The streamable HTTP endpoint: ``app`` to route at ``/mcp``, ``lifespan`` to run.
-
-    ``lifespan()`` returns the session manager's context; the app answers only while it is
-    entered, and it may be entered once.
-    """
-
-    app: ASGIApp
-    lifespan: Callable[[], AbstractAsyncContextManager[None]]
-
-
-def mcp_asgi_app(
-    api: AgentApi,
-    *,
-    host: str = "127.0.0.1",
-    allowed_hosts: Sequence[str] | None = None,
-    stateless: bool = True,
-    scoped: ScopedApi | None = None,
-) -> McpApp:
-    """The MCP tools over streamable HTTP as an ASGI app (see the module doc to mount it).
-
-    ``host`` is where the daemon listens: on loopback, requests whose ``Host`` or
-    ``Origin`` is not loopback are refused (DNS-rebinding protection); elsewhere the
-    daemon's bearer token guards the endpoint and ``allowed_hosts`` (``"name:port"``,
-    ``"name:*"``) may narrow it further. ``stateless`` serves each request on its own, with
-    no MCP session to keep or expire. ``scoped``: see :func:`build_mcp_server` (the daemon
-    passes one that calls its own HTTP API with the agent's token).
-    """
-    v.instance_of("mcp_asgi_app", "api", api, AgentApi)
-    v.non_empty_str("mcp_asgi_app", "host", host)
-    v.instance_of("mcp_asgi_app", "allowed_hosts", allowed_hosts, (list, tuple, type(None)))
-    v.instance_of("mcp_asgi_app", "stateless", stateless, bool)
-    if allowed_hosts is not None:
-        security = TransportSecuritySettings(
-            enable_dns_rebinding_protection=True, allowed_hosts=list(allowed_hosts)
-        )
-    elif host in _LOOPBACK:
-        security = TransportSecuritySettings(
-            enable_dns_rebinding_protection=True,
-            allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
-            allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
-        )
-    else:
-        security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
-    manager = StreamableHTTPSessionManager(
-        app=build_mcp_server(api, scoped=scoped),
-        stateless=stateless,
-        security_settings=security,
-    )
-    return McpApp(app=StreamableHTTPASGIApp(manager), lifespan=manager.run)
-
-
-async def run_stdio(api: AgentApi) -> None:
-    """Serve the MCP tools on this process's stdin and stdout until stdin closes."""
-    v.instance_of("run_stdio", "api", api, AgentApi)
-    server = build_mcp_server(api)
-    async with stdio_server() as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())

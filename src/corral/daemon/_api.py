@@ -1,0 +1,348 @@
+"""The daemon's one way in: what a caller, the operator or an agent by its own token, may see
+and do. The HTTP routes and the MCP tools both call it (see "One way in" in
+docs/architecture.md)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from corral.daemon._client import page_args, spec_mapping
+from corral.daemon._databases import Databases, waiting_decisions
+from corral.daemon._errors import OutOfScopeError
+from corral.daemon._events import Event
+from corral.daemon._service import AgentService, CommandResult
+from corral.daemon._spec import AgentSpec, parse_spec
+from corral.kernel import InvalidArgumentError
+from corral.kernel import _validate as v
+
+Json = dict[str, Any]
+
+
+@runtime_checkable
+class AgentApi(Protocol):
+    """The agent service's commands and queries, as JSON dicts.
+
+    ``spawn`` answers the new agent's record; ``prompt`` and ``stop`` answer
+    ``{"id", "accepted"}``. A retried command with the same ``idempotency_key`` answers the
+    first answer and is not applied twice. Every refusal is a ``CorralError`` subclass
+    (``AgentNotFoundError``, ``InvalidSpecError``, ...).
+    """
+
+    async def spawn(self, spec: Mapping[str, Any], idempotency_key: str | None = None) -> Json: ...
+
+    async def prompt(
+        self,
+        agent_id: str,
+        text: str | None = None,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json: ...
+
+    async def stop(
+        self,
+        agent_id: str,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json: ...
+
+    async def get(self, agent_id: str) -> Json: ...
+
+    async def list_agents(self) -> list[Json]: ...
+
+    async def inbox(self, agent_id: str) -> list[Json]: ...
+
+    async def decisions(self) -> list[Json]: ...
+
+    # The gateway (a daemon started with --db NAME=DSN). ``target`` None names the only
+    # database there is; gateway refusals raise errors with the gateway's codes.
+
+    async def db_targets(self) -> list[Json]: ...
+
+    async def db_schema(self, target: str | None = None) -> Json: ...
+
+    async def db_query(
+        self, agent_id: str, request: Mapping[str, Any], target: str | None = None
+    ) -> Json: ...
+
+    async def db_status(self, agent_id: str, target: str | None = None) -> Json: ...
+
+    async def db_history(self, agent_id: str, target: str | None = None) -> list[Json]: ...
+
+    async def db_freeze(
+        self, agent_id: str, reason: str, by: str | None = None, target: str | None = None
+    ) -> Json: ...
+
+    async def db_reinstate(
+        self, agent_id: str, by: str, reason: str, target: str | None = None
+    ) -> Json: ...
+
+
+class ScopedService:
+    """The service and its databases as one caller sees them.
+
+    ``principal`` None is the operator (the daemon's own token, or none): everything. An
+    agent id is that agent's own token: it reaches the agent and its descendants only
+    (:meth:`AgentService.in_scope`); it lists and reads them, prompts and stops them, spawns
+    children under them (never a new root), reads their events one agent at a time and
+    their decisions, queries a database as itself only, reads and freezes its subtree's
+    breakers (in its own name), and may not reinstate (a person decides). Anything else
+    raises ``OutOfScopeError`` (403 ``out_of_scope``), before the command is applied.
+    """
+
+    __slots__ = ("databases", "principal", "service")
+
+    def __init__(
+        self, service: AgentService, databases: Databases, principal: str | None = None
+    ) -> None:
+        self.service = service
+        self.databases = databases
+        self.principal = principal
+
+    def as_agent(self, agent_id: str | None) -> ScopedService:
+        """The same service as seen with ``agent_id``'s token (None: the operator)."""
+        return ScopedService(self.service, self.databases, agent_id)
+
+    def check(self, agent_id: str) -> None:
+        """Refuse an agent outside the caller's reach (``OutOfScopeError``)."""
+        if self.principal is not None and not self.service.in_scope(self.principal, agent_id):
+            raise OutOfScopeError(self.principal, f"agent {agent_id!r}")
+
+    def _mine(self, items: list[Json], key: str) -> list[Json]:
+        principal = self.principal
+        if principal is None:
+            return items
+        return [item for item in items if self.service.in_scope(principal, item[key])]
+
+    # --- agents ------------------------------------------------------------------------------
+
+    async def spawn(
+        self, spec: AgentSpec | Mapping[str, Any], idempotency_key: str | None = None
+    ) -> CommandResult:
+        """A new agent; an agent's token spawns only under an agent it reaches."""
+        if self.principal is None:
+            return await self.service.spawn(
+                spec if isinstance(spec, AgentSpec) else dict(spec),
+                idempotency_key=idempotency_key,
+            )
+        parsed = spec if isinstance(spec, AgentSpec) else parse_spec(dict(spec))
+        if parsed.parent is None:
+            raise OutOfScopeError(self.principal, "a new root agent (give a parent)")
+        self.check(parsed.parent)
+        return await self.service.spawn(parsed, idempotency_key=idempotency_key)
+
+    async def prompt(
+        self,
+        agent_id: str,
+        text: str | None = None,
+        *,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> CommandResult:
+        self.check(agent_id)
+        return await self.service.prompt(
+            agent_id, text, by=by, why=why, idempotency_key=idempotency_key
+        )
+
+    async def stop(
+        self,
+        agent_id: str,
+        *,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> CommandResult:
+        self.check(agent_id)
+        return await self.service.stop(agent_id, by=by, why=why, idempotency_key=idempotency_key)
+
+    def get(self, agent_id: str) -> Json:
+        self.check(agent_id)
+        return self.service.get(agent_id)
+
+    def list_agents(self) -> list[Json]:
+        return self._mine(self.service.list_agents(), "id")
+
+    def inbox(self, agent_id: str) -> list[Json]:
+        self.check(agent_id)
+        return self.service.inbox(agent_id)
+
+    def decisions(self) -> list[Json]:
+        """Everything waiting on a person (blocked agents, agents frozen in a database)."""
+        return self._mine(waiting_decisions(self.service, self.databases), "agentId")
+
+    def resolutions(self) -> list[Json]:
+        return self._mine(self.service.resolutions(), "agentId")
+
+    def check_events(self, agent_id: str | None) -> None:
+        """Refuse a read of the event log beyond the caller's reach: an agent's token reads
+        one agent's events at a time."""
+        if agent_id is None:
+            if self.principal is not None:
+                raise OutOfScopeError(self.principal, "the whole event log (add ?agent=ID)")
+            return
+        self.check(agent_id)
+
+    async def events(
+        self, after: int = 0, agent_id: str | None = None, limit: int = 1000
+    ) -> list[Event]:
+        self.check_events(agent_id)
+        return await self.service.events(after, agent_id=agent_id, limit=limit)
+
+    def subscribe(self, after: int, agent_id: str | None) -> AsyncGenerator[Event, None]:
+        self.check_events(agent_id)
+        return self.service.subscribe(after, agent_id=agent_id)
+
+    # --- the gateway -------------------------------------------------------------------------
+
+    def targets(self) -> list[Json]:
+        return self.databases.targets()
+
+    def schema(self, target: str | None) -> Json:
+        return self.databases.schema(target)
+
+    def query_agent(self, agent_id: str | None) -> str | None:
+        """The agent a gateway request runs as: an agent's token queries as itself (``agent``
+        left out, or naming it)."""
+        if self.principal is None:
+            return agent_id
+        if agent_id is not None and agent_id != self.principal:
+            raise OutOfScopeError(self.principal, f"queries as agent {agent_id!r}")
+        return self.principal
+
+    async def query(self, target: str | None, agent_id: str | None, request: Any) -> Json:
+        agent = self.query_agent(agent_id)
+        if agent is None:
+            raise InvalidArgumentError("gateway", "agent", "the agent making the request", None)
+        return await self.databases.query(target, agent, request)
+
+    def status(self, target: str | None, agent_id: str) -> Json:
+        self.check(agent_id)
+        return self.databases.status(target, agent_id)
+
+    async def history(self, target: str | None, agent_id: str) -> list[Json]:
+        self.check(agent_id)
+        return await self.databases.history(target, agent_id)
+
+    def freezer(self, by: str | None) -> str | None:
+        """Who a freeze is recorded as: an agent freezes in its own name only."""
+        if self.principal is None:
+            return by
+        # The record must not say a person did it.
+        if by is not None and by != self.principal:
+            raise OutOfScopeError(self.principal, f"freezing in the name of {by!r}")
+        return self.principal
+
+    async def freeze(
+        self, target: str | None, agent_id: str, *, reason: str, by: str | None = None
+    ) -> Json:
+        self.check(agent_id)
+        return await self.databases.freeze(target, agent_id, reason=reason, by=self.freezer(by))
+
+    def check_reinstate(self) -> None:
+        """Reinstating a frozen agent is a person's decision: an agent's token is refused."""
+        if self.principal is not None:
+            raise OutOfScopeError(self.principal, "reinstating a frozen agent (a person decides)")
+
+    async def reinstate(self, target: str | None, agent_id: str, *, by: str, reason: str) -> Json:
+        self.check_reinstate()
+        return await self.databases.reinstate(target, agent_id, by=by, reason=reason)
+
+
+class LocalApi:
+    """:class:`AgentApi` over an :class:`AgentService` (and the daemon's ``databases``, if
+    it fronts any) in this process, with the operator's reach; :meth:`as_agent` gives the
+    reach of one agent's token."""
+
+    def __init__(self, service: AgentService, databases: Databases | None = None) -> None:
+        v.instance_of("LocalApi", "service", service, AgentService)
+        v.instance_of("LocalApi", "databases", databases, (Databases, type(None)))
+        self.service = service
+        self.databases = databases if databases is not None else Databases({}, service=service)
+        self._scope = ScopedService(service, self.databases)
+
+    def as_agent(self, agent_id: str) -> LocalApi:
+        """This API as ``agent_id``'s own token reaches it (see :class:`ScopedService`)."""
+        v.non_empty_str("as_agent", "agent_id", agent_id)
+        api = LocalApi(self.service, self.databases)
+        api._scope = self._scope.as_agent(agent_id)
+        return api
+
+    async def spawn(self, spec: Mapping[str, Any], idempotency_key: str | None = None) -> Json:
+        spec_mapping("spawn", "spec", spec)
+        return (await self._scope.spawn(spec, idempotency_key)).body
+
+    async def prompt(
+        self,
+        agent_id: str,
+        text: str | None = None,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json:
+        v.non_empty_str("prompt", "agent_id", agent_id)
+        result = await self._scope.prompt(
+            agent_id, text, by=by, why=why, idempotency_key=idempotency_key
+        )
+        return result.body
+
+    async def stop(
+        self,
+        agent_id: str,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json:
+        v.non_empty_str("stop", "agent_id", agent_id)
+        result = await self._scope.stop(agent_id, by=by, why=why, idempotency_key=idempotency_key)
+        return result.body
+
+    async def get(self, agent_id: str) -> Json:
+        v.non_empty_str("get", "agent_id", agent_id)
+        return self._scope.get(agent_id)
+
+    async def list_agents(self) -> list[Json]:
+        return self._scope.list_agents()
+
+    async def inbox(self, agent_id: str) -> list[Json]:
+        v.non_empty_str("inbox", "agent_id", agent_id)
+        return self._scope.inbox(agent_id)
+
+    async def decisions(self) -> list[Json]:
+        return self._scope.decisions()
+
+    async def db_targets(self) -> list[Json]:
+        return self._scope.targets()
+
+    async def db_schema(self, target: str | None = None) -> Json:
+        return self._scope.schema(target)
+
+    async def db_query(
+        self, agent_id: str, request: Mapping[str, Any], target: str | None = None
+    ) -> Json:
+        return await self._scope.query(target, agent_id, request)
+
+    async def db_status(self, agent_id: str, target: str | None = None) -> Json:
+        return self._scope.status(target, agent_id)
+
+    async def db_history(self, agent_id: str, target: str | None = None) -> list[Json]:
+        return await self._scope.history(target, agent_id)
+
+    async def db_freeze(
+        self, agent_id: str, reason: str, by: str | None = None, target: str | None = None
+    ) -> Json:
+        return await self._scope.freeze(target, agent_id, reason=reason, by=by)
+
+    async def db_reinstate(
+        self, agent_id: str, by: str, reason: str, target: str | None = None
+    ) -> Json:
+        return await self._scope.reinstate(target, agent_id, by=by, reason=reason)
+
+    async def events(
+        self, after: int = 0, agent: str | None = None, limit: int = 1000
+    ) -> list[Event]:
+        """One page of the event log: up to ``limit`` events with ``seq > after``."""
+        page_args(after, agent, limit)
+        return await self._scope.events(after, agent, limit)

@@ -1,0 +1,280 @@
+"""The agent service's routes: agents, their commands, decisions, the event log, liveness."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Annotated, Any, Literal
+
+from fastapi import Header, Query, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import Field
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from corral.daemon._api import ScopedService
+from corral.daemon._errors import InvalidSpecError
+from corral.daemon._http._common import (
+    ApiRoute,
+    InvalidRequestError,
+    RequestBody,
+    api_of,
+    body_route,
+    command_response,
+    errors,
+    json_value,
+    read_body,
+)
+from corral.daemon._spec import AgentSpec, parse_spec
+
+EVENTS_PAGE = 1000
+
+
+# --- request bodies ---------------------------------------------------------------------------
+
+
+class PromptBody(RequestBody):
+    """``POST /agents/{id}/prompt``: every field optional; without ``text`` the last prompt is
+    re-sent. ``by`` and ``why`` are recorded when the prompt resolves a blocked agent."""
+
+    what = "prompt body"
+
+    text: str | None = None
+    by: str | None = Field(default=None, min_length=1)
+    why: str | None = None
+    idempotency_key: str | None = Field(default=None, min_length=1)
+
+
+class StopBody(RequestBody):
+    """``POST /agents/{id}/stop`` (the body itself is optional)."""
+
+    what = "stop body"
+
+    by: str | None = Field(default=None, min_length=1)
+    why: str | None = None
+    idempotency_key: str | None = Field(default=None, min_length=1)
+
+
+class SpawnBody(AgentSpec):
+    """``POST /agents``: an agent spec plus an optional idempotency key."""
+
+    idempotency_key: str | None = Field(default=None, min_length=1)
+
+    @staticmethod
+    async def read(request: Request) -> tuple[AgentSpec, str | None]:
+        """The spec and the key; ``InvalidSpecError`` lists every problem of both.
+
+        The spec is checked by :func:`parse_spec`, as any spec is (its fields, then the rules
+        across fields), and the key beside it, so that one answer lists the problems of both.
+        """
+        data = json_value(await read_body(request))
+        problems: list[dict[str, Any]] = []
+        key = None
+        if isinstance(data, dict):
+            key = data.pop("idempotencyKey", None)
+            if key is not None and not (isinstance(key, str) and key):
+                problems.append(
+                    {"field": "idempotencyKey", "message": "must be a non-empty string"}
+                )
+                key = None
+        try:
+            spec = parse_spec(data)
+        except InvalidSpecError as exc:
+            raise InvalidSpecError(exc.problems + problems) from None
+        if problems:
+            raise InvalidSpecError(problems)
+        return spec, key
+
+
+# --- endpoints --------------------------------------------------------------------------------
+
+
+async def healthz() -> JSONResponse:
+    return JSONResponse({"status": "ok"})
+
+
+async def spawn(request: Request) -> JSONResponse:
+    spec, key = await SpawnBody.read(request)
+    result = await api_of(request).spawn(spec, idempotency_key=key)
+    location = {"Location": f"/agents/{result.body['id']}"} if "id" in result.body else {}
+    return command_response(result, location)
+
+
+async def list_agents(request: Request) -> JSONResponse:
+    return JSONResponse({"agents": api_of(request).list_agents()})
+
+
+async def get_agent(agent_id: str, request: Request) -> JSONResponse:
+    return JSONResponse(api_of(request).get(agent_id))
+
+
+async def prompt(agent_id: str, request: Request) -> JSONResponse:
+    api = api_of(request)
+    api.check(agent_id)  # out of reach is refused before the body is read
+    body = await PromptBody.read(request)
+    result = await api.prompt(
+        agent_id, body.text, by=body.by, why=body.why, idempotency_key=body.idempotency_key
+    )
+    return command_response(result)
+
+
+async def stop(agent_id: str, request: Request) -> JSONResponse:
+    api = api_of(request)
+    api.check(agent_id)  # out of reach is refused before the body is read
+    body = await StopBody.read(request)
+    result = await api.stop(
+        agent_id, by=body.by, why=body.why, idempotency_key=body.idempotency_key
+    )
+    return command_response(result)
+
+
+async def inbox(agent_id: str, request: Request) -> JSONResponse:
+    return JSONResponse({"agentId": agent_id, "notices": api_of(request).inbox(agent_id)})
+
+
+async def decisions(
+    request: Request,
+    resolved: Annotated[bool, Query(description="Add the recorded resolutions")] = False,
+) -> JSONResponse:
+    api = api_of(request)
+    answer: dict[str, Any] = {"decisions": api.decisions()}
+    if resolved:
+        answer["resolutions"] = api.resolutions()
+    return JSONResponse(answer)
+
+
+async def events(
+    request: Request,
+    after: Annotated[int | None, Query(ge=0, description="Only events with a greater seq")] = None,
+    agent: Annotated[str | None, Query(min_length=1, description="Only this agent's")] = None,
+    fmt: Annotated[Literal["sse", "json"], Query(alias="format")] = "sse",
+    limit: Annotated[int, Query(ge=1, le=EVENTS_PAGE, description="format=json only")] = (
+        EVENTS_PAGE
+    ),
+    last_event_id: Annotated[
+        str | None, Header(alias="Last-Event-ID", description="Resume after this seq")
+    ] = None,
+) -> Response:
+    api = api_of(request)
+    # A reconnecting EventSource sends the header with its original URL: the header wins.
+    start = _cursor(last_event_id) if last_event_id is not None else (after or 0)
+    last = api.service.store.state.last_seq
+    if start > last:
+        raise InvalidRequestError(
+            [
+                {
+                    "field": "Last-Event-ID" if last_event_id is not None else "after",
+                    "message": f"{start} is beyond the last event ({last})",
+                }
+            ],
+            "event cursor",
+        )
+    api.check_events(agent)
+    if agent is not None:
+        api.service.get(agent)  # 404 for an unknown agent
+    if fmt == "json":
+        page = await api.events(start, agent, limit)
+        return JSONResponse(
+            {"events": [e.to_dict() for e in page], "lastSeq": api.service.store.state.last_seq}
+        )
+    return EventSourceResponse(
+        _stream(api, start, agent),
+        ping=request.app.state.heartbeat_s,
+        ping_message_factory=lambda: ServerSentEvent(comment="heartbeat"),
+    )
+
+
+async def _stream(api: ScopedService, after: int, agent: str | None) -> AsyncIterator[Any]:
+    async with aclosing(api.subscribe(after, agent)) as stream:
+        async for event in stream:
+            yield ServerSentEvent(
+                data=json.dumps(event.to_dict(), separators=(",", ":")),
+                id=str(event.seq),
+                event=event.type,
+            )
+
+
+_CURSOR_DIGITS = 20  # past any sequence number; int() refuses very long digit strings
+
+
+def _cursor(raw: str) -> int:
+    if raw.isascii() and raw.isdigit() and len(raw) <= _CURSOR_DIGITS:
+        return int(raw)
+    shown = raw if len(raw) <= 40 else f"{raw[:40]}... ({len(raw)} characters)"
+    raise InvalidRequestError(
+        [
+            {
+                "field": "Last-Event-ID",
+                "message": f"must be a non-negative integer of at most {_CURSOR_DIGITS} "
+                f"digits, got {shown!r}",
+            }
+        ],
+        "event cursor",
+    )
+
+
+# --- the routes -------------------------------------------------------------------------------
+
+_COMMAND_ERRORS = errors(400, 401, 403, 404, 409, 413, 415, 422, 503)
+
+ROUTES = [
+    ApiRoute("GET", "/healthz", healthz, "Liveness (no token needed)"),
+    ApiRoute(
+        "POST",
+        "/agents",
+        spawn,
+        "Create an agent from a spec",
+        status_code=201,
+        responses=errors(400, 401, 403, 409, 413, 415, 422, 503),
+        body=SpawnBody,
+        body_required=True,
+    ),
+    ApiRoute("GET", "/agents", list_agents, "Every agent", responses=errors(401)),
+    ApiRoute("GET", "/agents/{agent_id}", get_agent, "One agent", responses=errors(401, 403, 404)),
+    body_route(
+        "POST",
+        "/agents/{agent_id}/prompt",
+        prompt,
+        "Start a turn (retries a blocked agent)",
+        PromptBody,
+        status_code=202,
+        responses=_COMMAND_ERRORS,
+    ),
+    body_route(
+        "POST",
+        "/agents/{agent_id}/stop",
+        stop,
+        "End an agent",
+        StopBody,
+        status_code=202,
+        responses=_COMMAND_ERRORS,
+    ),
+    ApiRoute(
+        "GET",
+        "/agents/{agent_id}/inbox",
+        inbox,
+        "Notices to an agent",
+        responses=errors(401, 403, 404),
+    ),
+    ApiRoute(
+        "GET",
+        "/decisions",
+        decisions,
+        "Everything waiting on a person",
+        responses=errors(400, 401),
+    ),
+    ApiRoute(
+        "GET",
+        "/events",
+        events,
+        "The event log: SSE (resumable), or a page of JSON with format=json",
+        responses={
+            **errors(400, 401, 404),
+            200: {
+                "description": "SSE: `id` is the event's seq, `event` its type, `data` the "
+                "event as JSON; heartbeat comments keep the stream open",
+                "content": {"text/event-stream": {}, "application/json": {}},
+            },
+        },
+    ),
+]
