@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 
-from corral.daemon import CommandHarness, Harness, TurnFailedError, TurnRequest
-from corral.daemon._spec import parse_spec
+from corral.daemon import CommandHarness, Harness, TurnFailedError, TurnRequest, parse_spec
 from corral.daemon.harnesses._command import PID_FILE
 from corral.kernel import InvalidArgumentError
 from tests.support.polling import settle

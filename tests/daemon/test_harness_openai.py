@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from corral.daemon import Harness, OpenAIHarness, TurnFailedError, TurnRequest
-from corral.daemon._spec import parse_spec
+from corral.daemon import Harness, OpenAIHarness, TurnFailedError, TurnRequest, parse_spec
 from corral.kernel import ExecutionBudget, InvalidArgumentError
 from tests.support.openai_server import OpenAIServer, completion, reply
 from tests.support.polling import settle

@@ -9,8 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from corral.daemon import Harness, PythonHarness, TurnContext, TurnFailedError, TurnRequest
-from corral.daemon._spec import parse_spec
+from corral.daemon import (
+    Harness,
+    PythonHarness,
+    TurnContext,
+    TurnFailedError,
+    TurnRequest,
+    parse_spec,
+)
 from corral.kernel import InvalidArgumentError
 from tests.daemon.workers import py_funcs
 from tests.support.polling import settle

@@ -7,8 +7,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from corral.daemon import CommandHarness, TurnRequest
-from corral.daemon._spec import parse_spec
+from corral.daemon import CommandHarness, TurnRequest, parse_spec
 
 WORKER = str(Path(__file__).with_name("cmd_worker.py"))
 
