@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from corral.gateway import _execute
 from corral.gateway._gateway import Gateway
 from corral.gateway._journal import (
     JournalName,
@@ -22,7 +21,8 @@ from corral.gateway._journal import (
     encode_result,
     fingerprint,
 )
-from corral.gateway._plan import plan_request
+from corral.gateway.postgres import _execute
+from corral.gateway.postgres._plan import plan_request
 from corral.kernel import InvalidArgumentError
 from tests.gateway.gateway_support import AGENT, execute, fetch, refund, refused, shop_dsn
 

@@ -13,7 +13,7 @@ import pytest
 from corral.gateway._errors import GatewayError
 from corral.gateway._gateway import Gateway
 from corral.gateway._journal import StoredResult, encode_result, fingerprint
-from corral.gateway._plan import plan_request
+from corral.gateway.postgres._plan import plan_request
 from corral.runtime import FakeClock
 from tests.gateway.crash_worker import AGENT as CRASH_AGENT
 from tests.gateway.crash_worker import insert, kill_at_random_points

@@ -11,7 +11,7 @@ import pytest
 
 from corral.gateway._errors import GatewayError
 from corral.gateway._gateway import Gateway
-from corral.gateway._pools import AgentPools
+from corral.gateway.postgres._pools import AgentPools
 from tests.gateway.gateway_support import fetch, shop_dsn
 from tests.support.polling import settle
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from corral.gateway import BreakerPolicy, GatewayError, SQLiteGateway
-from corral.gateway._sqlite_engine import _refusal_code
+from corral.gateway.sqlite._file import _refusal_code
 from corral.runtime import FakeClock
 from tests.gateway.corpus import shop_sqlite_file
 

@@ -12,8 +12,8 @@ import pytest
 
 from corral.gateway import GatewayError, SQLiteGateway
 from corral.gateway._catalog_load import load_sqlite_catalog
-from corral.gateway._sqlite_engine import JOURNAL_TABLE, ReadPlan, WritePlan
-from corral.gateway._sqlite_sql import (
+from corral.gateway.sqlite._file import JOURNAL_TABLE, ReadPlan, WritePlan
+from corral.gateway.sqlite._sql import (
     SqliteSqlAnalyzer,
     Wall,
     analyze_sqlite,

@@ -40,8 +40,8 @@ from corral.gateway._errors import GatewayError
 from corral.gateway._gateway import Gateway
 from corral.gateway._ops import compile_operation
 from corral.gateway._result import GatewayResult, QueryOutcome
-from corral.gateway._sql import analyze
 from corral.gateway._sqlite_gateway import SQLiteGateway
+from corral.gateway.postgres._sql import analyze
 
 __all__ = [
     "BreakerPolicy",

@@ -77,15 +77,15 @@ from corral.gateway._breaker_records import (
     RequestOutcome,
 )
 from corral.gateway._catalog import Catalog
-from corral.gateway._catalog_keeper import CatalogKeeper
 from corral.gateway._connector import Connector
 from corral.gateway._errors import GatewayError
-from corral.gateway._execute import map_error, run_read
 from corral.gateway._journal import JournalName, check_identifier, fingerprint
-from corral.gateway._keys import KeyedWrites
-from corral.gateway._plan import Planned, plan_request
-from corral.gateway._pools import AgentPools
 from corral.gateway._result import GatewayResult, QueryOutcome, outcome_code
+from corral.gateway.postgres._catalog import CatalogKeeper
+from corral.gateway.postgres._execute import map_error, run_read
+from corral.gateway.postgres._keys import KeyedWrites
+from corral.gateway.postgres._plan import Planned, plan_request
+from corral.gateway.postgres._pools import AgentPools
 from corral.kernel import SYSTEM_CLOCK, Clock, UsageError
 from corral.kernel import _validate as v
 from corral.kernel._errors import InvalidArgumentError

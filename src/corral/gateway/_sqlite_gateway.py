@@ -62,10 +62,10 @@ from corral.gateway._errors import GatewayError
 from corral.gateway._gateway import _request_text
 from corral.gateway._journal import fingerprint
 from corral.gateway._ops import CompiledOperation, compile_operation
-from corral.gateway._plan import _key
 from corral.gateway._result import GatewayResult, outcome_code
-from corral.gateway._sqlite_engine import Journalled, ReadPlan, SQLiteEngine, WritePlan
-from corral.gateway._sqlite_sql import SqliteAnalysis, bind_params
+from corral.gateway.postgres._plan import _key
+from corral.gateway.sqlite._file import Journalled, ReadPlan, SQLiteEngine, WritePlan
+from corral.gateway.sqlite._sql import SqliteAnalysis, bind_params
 from corral.kernel import SYSTEM_CLOCK, Clock, UsageError
 from corral.kernel import _validate as v
 from corral.kernel._errors import InvalidArgumentError

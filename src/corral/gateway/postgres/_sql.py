@@ -38,7 +38,7 @@ order (the first failure wins):
     outside the catalog (``NULL::pg_authid``) counts as naming it. ``details``: ``table``,
     ``suggestions`` (close matches), ``position``.
 ``unknown_column``
-    See :mod:`corral.gateway._sql_names`. ``details``: ``column``, ``table`` (None when
+    See :mod:`corral.gateway.postgres._names`. ``details``: ``column``, ``table`` (None when
     unqualified over several tables), ``suggestions``, ``position``.
 
 Classification: a statement is a ``write`` when it holds an ``INSERT``, ``UPDATE`` or
@@ -65,7 +65,7 @@ from typing import Any, Literal
 from corral.gateway._catalog import Catalog
 from corral.gateway._errors import GatewayError
 from corral.gateway._sql_functions import forbidden_function_reason, forbidden_type_reason
-from corral.gateway._sql_names import Node, Resolver, char_position, filtered, unwrap
+from corral.gateway.postgres._names import Node, Resolver, char_position, filtered, unwrap
 from corral.kernel._validate import instance_of, positive_int
 
 __all__ = ["Analysis", "AnalyzerCacheInfo", "SqlAnalyzer", "analyze"]
@@ -118,7 +118,7 @@ class Analysis:
     the rows (the statement, its ``FROM`` subqueries and CTEs, set-operation arms; not scalar
     subqueries) may remove rows (a ``WHERE``, ``HAVING`` or inner-join condition, ``LIMIT`` 0
     or a parameter, ``OFFSET``, a function in ``FROM``, a set-returning call; see
-    :func:`~corral.gateway._sql_names.filtered`), so an empty result may be a filter that
+    :func:`~corral.gateway.postgres._names.filtered`), so an empty result may be a filter that
     matched nothing. ``param_count`` is the highest ``$n`` placeholder (0 when none).
     """
 

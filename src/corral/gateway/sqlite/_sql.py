@@ -72,8 +72,8 @@ from typing import Any, Literal
 
 from corral.gateway._catalog import Catalog
 from corral.gateway._errors import GatewayError
-from corral.gateway._sql import _Refusal
 from corral.gateway._sql_functions import forbidden_function_reason
+from corral.gateway.postgres._sql import _Refusal
 from corral.kernel._validate import instance_of, positive_int
 
 __all__ = [

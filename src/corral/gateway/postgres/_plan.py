@@ -28,9 +28,9 @@ from psycopg.types.json import Jsonb
 
 from corral.gateway._catalog import Catalog, Table
 from corral.gateway._errors import GatewayError
-from corral.gateway._execute import Plan
 from corral.gateway._ops import compile_operation, quote_identifier
-from corral.gateway._sql import Analysis, analyze
+from corral.gateway.postgres._execute import Plan
+from corral.gateway.postgres._sql import Analysis, analyze
 
 __all__ = ["MAX_KEY_LENGTH", "Planned", "plan_request"]
 

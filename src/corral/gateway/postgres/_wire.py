@@ -46,8 +46,8 @@ from psycopg.generators import send
 from psycopg.pq.abc import PGconn, PGresult
 from psycopg.waiting import Wait
 
-from corral.gateway._pools import Lease
 from corral.gateway._result import unique_names
+from corral.gateway.postgres._pools import Lease
 
 __all__ = [
     "TEXT_OID",

@@ -46,7 +46,7 @@ from corral.gateway._errors import GatewayError, database_refusal
 from corral.gateway._journal import StoredResult, decode_result, encode_result
 from corral.gateway._ops import CompiledOperation, quote_identifier
 from corral.gateway._result import GatewayResult, unique_names
-from corral.gateway._sqlite_sql import (
+from corral.gateway.sqlite._sql import (
     SqliteAnalysis,
     SqliteSqlAnalyzer,
     Wall,
