@@ -14,14 +14,9 @@ from typing import Any
 import pytest
 
 from corral.gateway._gateway import Gateway
-from corral.gateway._journal import (
-    JournalName,
-    StoredResult,
-    decode_result,
-    encode_result,
-    fingerprint,
-)
+from corral.gateway._journal import StoredResult, decode_result, encode_result, fingerprint
 from corral.gateway.postgres import _execute
+from corral.gateway.postgres._journal import JournalName
 from corral.gateway.postgres._plan import plan_request
 from corral.kernel import InvalidArgumentError
 from tests.gateway.gateway_support import AGENT, execute, fetch, refund, refused, shop_dsn

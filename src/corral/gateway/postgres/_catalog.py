@@ -26,8 +26,8 @@ import psycopg
 from corral.gateway._catalog import Catalog
 from corral.gateway._catalog_load import load_postgres_catalog
 from corral.gateway._errors import GatewayError
-from corral.gateway._journal import JournalName, ensure_journal
 from corral.gateway.postgres._execute import map_error
+from corral.gateway.postgres._journal import JournalName, ensure_journal
 from corral.kernel import Clock
 
 __all__ = ["CatalogKeeper"]

@@ -57,9 +57,10 @@ from psycopg.abc import Transformer
 from psycopg.pq.abc import PGresult
 
 from corral.gateway._errors import GatewayError, database_refusal, sqlstate_code
-from corral.gateway._journal import JournalName, StoredResult, encode_result
+from corral.gateway._journal import StoredResult, encode_result
 from corral.gateway._result import GatewayResult, unique_names
 from corral.gateway.postgres import _wire as wire
+from corral.gateway.postgres._journal import JournalName
 from corral.gateway.postgres._pools import Lease
 
 __all__ = ["KeyTaken", "Plan", "map_error", "run_read", "run_write"]

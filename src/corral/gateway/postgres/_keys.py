@@ -25,9 +25,10 @@ from typing import Any
 import psycopg
 
 from corral.gateway._errors import GatewayError
-from corral.gateway._journal import JournalName, StoredResult, decode_result
+from corral.gateway._journal import StoredResult, decode_result
 from corral.gateway._result import GatewayResult
 from corral.gateway.postgres._execute import KeyTaken, Plan, map_error, run_write
+from corral.gateway.postgres._journal import JournalName
 from corral.gateway.postgres._pools import AgentPools, Lease
 from corral.kernel import Clock
 

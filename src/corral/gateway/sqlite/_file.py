@@ -55,7 +55,7 @@ from corral.gateway.sqlite._sql import (
     prewarm,
 )
 
-__all__ = ["JOURNAL_TABLE", "Journalled", "ReadPlan", "SQLiteEngine", "WritePlan"]
+__all__ = ["JOURNAL_TABLE", "Journalled", "ReadPlan", "SQLiteFile", "WritePlan"]
 
 JOURNAL_TABLE = "corral_gateway_journal"
 _JOURNAL_SCHEMA = f"""
@@ -154,20 +154,18 @@ def _hide(catalog: Catalog) -> Catalog:
     return Catalog(tables=tables, version=catalog.version, dialect=catalog.dialect)
 
 
-class SQLiteEngine:
+class SQLiteFile:
     """Blocking access to one SQLite target; see the module docstring."""
 
     def __init__(
         self,
         path: Path,
-        journal_path: Path,
         *,
         statement_timeout_s: float,
         max_rows: int,
         monotonic: Callable[[], float],
     ) -> None:
         self.path = path
-        self.journal_path = journal_path  # where keys were kept before they moved to the target
         self._timeout_s = statement_timeout_s
         self._max_rows = max_rows
         self._monotonic = monotonic
@@ -189,13 +187,9 @@ class SQLiteEngine:
 
     # --- lifecycle (worker thread) -----------------------------------------------------------
 
-    def open(self) -> tuple[Catalog, int]:
-        """Open the target; the catalog and the count of keys journalled in flight.
-
-        Creates the journal table when the target is writable, and moves keys journalled
-        by earlier versions in ``journal_path`` into it. Raises
-        ``GatewayError("database_unavailable")``.
-        """
+    def open(self) -> int:
+        """Open the target; the count of keys journalled in flight. Creates the journal table
+        when the target is writable. Raises ``GatewayError("database_unavailable")``."""
         if not self.path.is_file():
             raise GatewayError(
                 "database_unavailable",
@@ -217,12 +211,10 @@ class SQLiteEngine:
             self._target_wall.hidden = self._analysis_wall.hidden = self._hidden
             target.set_authorizer(self._target_wall)
             self._create_journal(target)
-            self._adopt_legacy_keys(target)
             analysis = self._connect_read_only(cached_statements=0)
             self._analysis = analysis
             analysis.set_authorizer(self._analysis_wall)
-            in_flight = self._in_flight(target)
-            return self.load_catalog(), in_flight
+            return self._in_flight(target)
         except sqlite3.Error as exc:
             self.close()
             raise _unavailable(self.path, exc) from None
@@ -236,28 +228,6 @@ class SQLiteEngine:
                 raise
             # A target that cannot be written: reads work; a write fails as it runs.
 
-    def _adopt_legacy_keys(self, target: sqlite3.Connection) -> None:
-        if not self._journal_ready or not self.journal_path.is_file():
-            return
-        legacy = sqlite3.connect(self.journal_path, isolation_level=None)
-        try:
-            found = legacy.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (JOURNAL_TABLE,)
-            ).fetchone()
-            if found is None:
-                return
-            rows = legacy.execute(f"SELECT {_JOURNAL_COLUMNS} FROM {JOURNAL_TABLE}").fetchall()
-            with self._transaction(target):
-                target.executemany(
-                    f"INSERT OR IGNORE INTO {JOURNAL_TABLE} ({_JOURNAL_COLUMNS}) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    rows,
-                )
-            # Dropped only once the target holds the keys: a crash in between copies again.
-            legacy.execute(f"DROP TABLE {JOURNAL_TABLE}")
-        finally:
-            legacy.close()
-
     def _in_flight(self, target: sqlite3.Connection) -> int:
         if not self._journal_ready:
             return 0
@@ -265,6 +235,13 @@ class SQLiteEngine:
             f"SELECT count(*) FROM {JOURNAL_TABLE} WHERE state = 'in_flight'"
         ).fetchone()
         return int(row[0])
+
+    def first_catalog(self) -> Catalog:
+        """:meth:`load_catalog` at open; raises ``GatewayError("database_unavailable")``."""
+        try:
+            return self.load_catalog()
+        except sqlite3.Error as exc:
+            raise _unavailable(self.path, exc) from None
 
     def load_catalog(self) -> Catalog:
         """Read the catalog (the journal hidden) and make it the one agents' SQL is checked
