@@ -20,8 +20,9 @@ from corral.gateway._sql_functions import (
     forbidden_function_reason,
     forbidden_type_reason,
 )
-from corral.gateway.postgres._names import Resolver, unwrap
+from corral.gateway.postgres._names import Resolver
 from corral.gateway.postgres._sql import Analysis, SqlAnalyzer, _parse, analyze
+from corral.gateway.postgres._tree import unwrap
 from corral.kernel import InvalidArgumentError
 from tests.gateway.corpus import ESCAPES, VALID_READS, load_shop_postgres, load_shop_sqlite
 

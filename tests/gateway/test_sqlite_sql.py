@@ -12,15 +12,10 @@ import pytest
 
 from corral.gateway import GatewayError, SQLiteGateway
 from corral.gateway._catalog_load import load_sqlite_catalog
+from corral.gateway.sqlite._analysis import SqliteSqlAnalyzer, analyze_sqlite
 from corral.gateway.sqlite._file import JOURNAL_TABLE, ReadPlan, WritePlan
-from corral.gateway.sqlite._sql import (
-    SqliteSqlAnalyzer,
-    Wall,
-    analyze_sqlite,
-    cte_names,
-    prewarm,
-    tokenize,
-)
+from corral.gateway.sqlite._tokens import cte_names, tokenize
+from corral.gateway.sqlite._wall import Wall, prewarm
 from corral.kernel._errors import InvalidArgumentError
 from corral.runtime import FakeClock
 from tests.gateway.corpus import shop_sqlite_file

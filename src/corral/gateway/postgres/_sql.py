@@ -64,8 +64,11 @@ from typing import Any, Literal
 
 from corral.gateway._catalog import Catalog
 from corral.gateway._errors import GatewayError
+from corral.gateway._refusal import Refusal
 from corral.gateway._sql_functions import forbidden_function_reason, forbidden_type_reason
-from corral.gateway.postgres._names import Node, Resolver, char_position, filtered, unwrap
+from corral.gateway.postgres._filtered import filtered
+from corral.gateway.postgres._names import Resolver
+from corral.gateway.postgres._tree import Node, char_position, unwrap
 from corral.kernel._validate import instance_of, positive_int
 
 __all__ = ["Analysis", "AnalyzerCacheInfo", "SqlAnalyzer", "analyze"]
@@ -155,13 +158,6 @@ class AnalyzerCacheInfo:
     maxsize: int
 
 
-@dataclass(frozen=True, slots=True)
-class _Refusal:
-    code: str
-    message: str
-    details: dict[str, Any]
-
-
 class SqlAnalyzer:
     """:func:`analyze` with its own LRU cache of ``cache_size`` entries (refusals included).
 
@@ -171,7 +167,7 @@ class SqlAnalyzer:
     def __init__(self, *, cache_size: int = 1024) -> None:
         positive_int("SqlAnalyzer", "cache_size", cache_size)
         self._maxsize = cache_size
-        self._cache: OrderedDict[tuple[str, str], Analysis | _Refusal] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str], Analysis | Refusal] = OrderedDict()
         self._lock = threading.Lock()
         self._hits = 0
         self._misses = 0
@@ -192,13 +188,13 @@ class SqlAnalyzer:
             try:
                 entry = _analyze(sql, catalog)
             except GatewayError as exc:
-                entry = _Refusal(exc.code, exc.message, dict(exc.details))
+                entry = Refusal.of(exc)
             with self._lock:
                 self._cache[key] = entry
                 while len(self._cache) > self._maxsize:
                     self._cache.popitem(last=False)
-        if isinstance(entry, _Refusal):
-            raise GatewayError(entry.code, entry.message, **entry.details)
+        if isinstance(entry, Refusal):
+            raise entry.error()
         return entry
 
     def cache_info(self) -> AnalyzerCacheInfo:

@@ -46,14 +46,13 @@ from corral.gateway._errors import GatewayError, database_refusal
 from corral.gateway._journal import StoredResult, decode_result, encode_result
 from corral.gateway._ops import CompiledOperation, quote_identifier
 from corral.gateway._result import GatewayResult, unique_names
-from corral.gateway.sqlite._sql import (
+from corral.gateway.sqlite._analysis import (
     SqliteAnalysis,
     SqliteSqlAnalyzer,
-    Wall,
     compile_error,
     located,
-    prewarm,
 )
+from corral.gateway.sqlite._wall import Wall, prewarm
 
 __all__ = ["JOURNAL_TABLE", "Journalled", "ReadPlan", "SQLiteFile", "WritePlan"]
 
