@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from corral.gateway import BreakerPolicy, GatewayError, SQLiteGateway
-from corral.gateway.sqlite._file import JOURNAL_TABLE, ReadPlan
+from corral.gateway.sqlite._file import JOURNAL_TABLE
+from corral.gateway.sqlite._plan import ReadPlan
 from corral.kernel import SYSTEM_CLOCK
 from corral.kernel._errors import InvalidArgumentError
 from corral.runtime import FakeClock

@@ -13,7 +13,8 @@ import pytest
 from corral.gateway import GatewayError, SQLiteGateway
 from corral.gateway._catalog_load import load_sqlite_catalog
 from corral.gateway.sqlite._analysis import SqliteSqlAnalyzer, analyze_sqlite
-from corral.gateway.sqlite._file import JOURNAL_TABLE, ReadPlan, WritePlan
+from corral.gateway.sqlite._file import JOURNAL_TABLE
+from corral.gateway.sqlite._plan import ReadPlan, WritePlan
 from corral.gateway.sqlite._tokens import cte_names, tokenize
 from corral.gateway.sqlite._wall import Wall, prewarm
 from corral.kernel._errors import InvalidArgumentError

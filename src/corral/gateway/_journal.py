@@ -1,26 +1,5 @@
-"""The idempotency journal: one row per (agent, key), in the target PostgreSQL database.
-
-Table ``<schema>.<table>`` (default ``corral.gateway_journal``), created by
-:func:`ensure_journal` when missing::
-
-    agent_id text, key text          -- primary key (agent_id, key)
-    fingerprint text                 -- sha256 hex of the operation (see fingerprint())
-    state text                       -- 'running' or 'completed'
-    result jsonb                     -- the stored result (see encode_result())
-    created_at, completed_at timestamptz
-
-Keys are scoped per agent: two agents may use the same key for different work, and one
-agent's key never replays another agent's result. A write's journal row is inserted,
-``completed`` with its result, in the write's own transaction (by the write's own statement
-when the server can count its rows, see :mod:`~._execute`): a crash rolls back the row with the
-write, so no write's fate is ever unknown. While the write runs, its key is held by a
-transaction-scoped advisory lock (:meth:`JournalName.lock_key`), so a second transaction with
-the same key waits for it, then finds the row. A committed ``running`` row (which only a journal
-outside the write's transaction could leave, such as older versions' claims) is reported
-``outcome_unknown``.
-
-The journal's schema belongs to the gateway: nothing in it is shown to agents.
-"""
+"""What both engines' idempotency journals store: the fingerprint of a write and its result,
+encoded as JSON."""
 
 from __future__ import annotations
 

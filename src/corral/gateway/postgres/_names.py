@@ -1,23 +1,6 @@
-"""Tables and columns of a parsed statement, resolved scope by scope against a catalog.
-
-Works on libpg_query's JSON parse tree: a node is ``{"TypeName": {fields}}``, fields keep the
-names of PostgreSQL's C structs (``targetList``, ``fromClause``, ...), and fields at their
-default value are left out.
-
-The checks refuse only what PostgreSQL would refuse too: a column is ``unknown_column`` only
-when every relation it could belong to has known columns (catalog tables, CTEs and subqueries
-whose output names can be worked out). Relations produced by functions (``generate_series``,
-``jsonb_to_record``, ``JSON_TABLE``, ...) may have any column, and names that could be an
-output alias (``ORDER BY``, ``GROUP BY``, ``DISTINCT ON``), a whole-row reference or a system
-column pass.
-
-Relations are refused more strictly than PostgreSQL would: a table outside the catalog
-(system catalogs, the gateway's own schema, another database) is ``unknown_table`` wherever it
-is named, in ``FROM`` or as a row type (``NULL::pg_authid``). So that no clause is missed, the
-walk is generic: each statement and ``FROM`` item handles the fields that open a scope or name
-a target, and every other field, whatever it is, is walked as expressions, where subqueries,
-relations, column references and type names are resolved.
-"""
+"""Tables and columns of a parsed PostgreSQL statement, resolved scope by scope against a
+catalog: refuses only what PostgreSQL would refuse too, except relations outside the catalog,
+which are unknown wherever they are named."""
 
 # Longer than 500 lines: one class, the scope-by-scope walk, with a method per kind of node;
 # its methods call one another, so it stays whole.

@@ -1,21 +1,5 @@
-"""Turning a request (SQL or a structured operation) into a :class:`~._execute.Plan`.
-
-A SQL request is ``{"sql": str, "params": [...], "idempotency_key": str, "plan_hash": str}``
-(only ``sql`` required). ``sql`` uses PostgreSQL's ``$1 .. $n`` placeholders; the text is
-sent to the server unchanged and the parameters are bound there (never spliced into the
-text), so no quoting or ``%`` in the SQL can turn a value into SQL. ``params`` must hold
-exactly as many values as the highest placeholder number. Values are JSON-like: ``None``,
-``bool``, ``int``, finite ``float``, ``str``, lists (sent as PostgreSQL arrays) and
-string-keyed objects (sent as ``jsonb``). The server then types each parameter: an object
-compared with a column that is not ``json``/``jsonb`` (or a list with a column that is not an
-array) is refused there as ``database_error`` (SQLSTATE 42883, no operator for the two
-types, with PostgreSQL's hint in ``details``), never as a lost connection.
-
-A structured request is any mapping with ``op`` (see :mod:`corral.gateway._ops`).
-
-Every refusal is a ``GatewayError``: the analysis codes of :func:`~._sql.analyze` and
-:func:`~._ops.compile_operation`, and ``invalid_operation`` for a malformed request.
-"""
+"""Turning a request (SQL or a structured operation) into a PostgreSQL :class:`~._execute.Plan`:
+the request's shape, its parameters, its analysis, the tables an empty answer is checked on."""
 
 from __future__ import annotations
 

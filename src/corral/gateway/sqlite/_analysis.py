@@ -1,4 +1,5 @@
-"""Agents' SQL on SQLite, decided before it runs: SQLite's own compiler is the parser."""
+"""Agents' SQL on SQLite, decided before it runs: SQLite's own compiler is the parser, under
+the :class:`~._wall.Wall`; analyses and refusals cached by statement text and catalog version."""
 
 from __future__ import annotations
 
@@ -73,9 +74,10 @@ _NO_SUCH_FUNCTION = re.compile(r"no such function: (.+)\Z", re.DOTALL)
 class SqliteAnalysis:
     """What one SQLite statement (``sql``, as the agent sent it) does.
 
-    ``executable`` is the text SQLite runs (see the module docstring). ``tables``: the catalog
-    keys it reads, in order of first use; ``written``: those it writes (none for
-    ``EXPLAIN``). ``param_count``: the highest ``$n``/``?n``, or the number of bare ``?``.
+    ``executable`` is the text SQLite runs (``$n`` as ``?n``, double-quoted names
+    back-quoted). ``tables``: the catalog keys it reads, in order of first use; ``written``:
+    those it writes (none for ``EXPLAIN``). ``param_count``: the highest ``$n``/``?n``, or
+    the number of bare ``?``.
     ``ctes``: the names its ``WITH`` clauses define, for the :class:`Wall` that runs it.
     ``normalized``: the statement without comments or layout, unquoted words in lower case,
     ``"x"``/``[x]`` as `` `x` ``, placeholders as ``?n``; constants kept, so two texts doing
@@ -152,7 +154,7 @@ class SqliteSqlAnalyzer:
 def analyze_sqlite(
     sql: str, catalog: Catalog, conn: sqlite3.Connection, wall: Wall
 ) -> SqliteAnalysis:
-    """Analyse one SQLite statement against ``catalog`` (see the module docstring).
+    """Analyse one SQLite statement against ``catalog`` (docs/gateway.md lists the refusals).
 
     ``conn`` is a read-only connection to the target whose authorizer is ``wall`` and whose
     statement cache is off (``cached_statements=0``: a statement taken from the cache would

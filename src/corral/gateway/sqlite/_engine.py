@@ -19,8 +19,9 @@ from corral.gateway._ops import compile_operation
 from corral.gateway._request import request_key
 from corral.gateway._result import GatewayResult
 from corral.gateway.sqlite._analysis import SqliteAnalysis
-from corral.gateway.sqlite._file import Journalled, ReadPlan, SQLiteFile, WritePlan
+from corral.gateway.sqlite._file import SQLiteFile
 from corral.gateway.sqlite._params import bind_params
+from corral.gateway.sqlite._plan import Journalled, ReadPlan, WritePlan
 from corral.kernel import Clock, UsageError
 from corral.kernel import _validate as v
 from corral.kernel._errors import InvalidArgumentError

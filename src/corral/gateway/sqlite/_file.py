@@ -1,33 +1,5 @@
-"""The thread side of :class:`~._sqlite_gateway.SQLiteGateway`: blocking SQLite calls only.
-
-Everything here runs on the gateway's worker threads, never on the event loop.
-
-Connections. One read-write connection to the target (writes, the journal, recovery), used
-under one lock (SQLite has a single writer anyway); one read-only connection per worker thread
-for reads; one read-only connection for compiling agents' SQL (see :mod:`~._sqlite_sql`),
-under its own lock. Each has a :class:`~._sqlite_sql.Wall` as its authorizer, armed only
-while an agent's SQL statement is compiled or run.
-
-Reads. Reader connections are opened with ``mode=ro`` (and ``PRAGMA query_only``), so the
-engine refuses any write a read might carry (``read_only_violation``). A read fetches at most
-``max_rows + 1`` rows; one that returns none (or counts zero) with a filter is run again in
-one read transaction together with an exact ``EXISTS`` on every table it reads, so rows and
-emptiness verdict come from one snapshot. A progress handler interrupts a statement past the
-statement timeout (``statement_timeout``).
-
-Writes. ``BEGIN IMMEDIATE``; look the key up in the journal (a hit ends the transaction and
-returns what is journalled); run the write; insert the journal row, ``completed``, with the
-result; ``COMMIT``. The journal is the table ``corral_gateway_journal`` in the target itself,
-so the key and the write commit or vanish together: a crash at any point leaves either both
-(the retry is ``replayed``) or neither (the retry runs the write). The table is hidden from
-the catalog and from agents' SQL. A write the engine refuses rolls back with its key.
-
-Crash recovery. A process killed in a write can leave a hot rollback journal next to the
-target, which only a read-write connection may roll back: the engine reads the schema on its
-read-write connection before any reader opens, and a reader that meets a hot journal later
-(``SQLITE_READONLY_ROLLBACK``, another process crashed) has it rolled back the same way and
-retries once.
-"""
+"""The blocking side of the SQLite engine: connections to one file, reads, journalled writes and
+crash recovery. Everything here runs on the engine's worker threads, never on the event loop."""
 
 from __future__ import annotations
 
@@ -35,7 +7,6 @@ import contextlib
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -44,7 +15,6 @@ from corral.gateway._catalog import Catalog
 from corral.gateway._catalog_load import load_sqlite_catalog
 from corral.gateway._errors import GatewayError, database_refusal
 from corral.gateway._journal import StoredResult, decode_result, encode_result
-from corral.gateway._ops import CompiledOperation, quote_identifier
 from corral.gateway._result import GatewayResult, unique_names
 from corral.gateway.sqlite._analysis import (
     SqliteAnalysis,
@@ -52,9 +22,10 @@ from corral.gateway.sqlite._analysis import (
     compile_error,
     located,
 )
+from corral.gateway.sqlite._plan import Journalled, ReadPlan, WritePlan
 from corral.gateway.sqlite._wall import Wall, prewarm
 
-__all__ = ["JOURNAL_TABLE", "Journalled", "ReadPlan", "SQLiteFile", "WritePlan"]
+__all__ = ["JOURNAL_TABLE", "SQLiteFile"]
 
 JOURNAL_TABLE = "corral_gateway_journal"
 _JOURNAL_SCHEMA = f"""
@@ -75,75 +46,6 @@ _PROGRESS_STEPS = 1000  # SQLite virtual-machine instructions between timeout ch
 _BUSY_TIMEOUT_MS = 5000
 
 
-@dataclass(frozen=True, slots=True)
-class ReadPlan:
-    """A read as the engine runs it.
-
-    ``tables``: the catalog names ``exists_sql`` checks, one ``EXISTS`` column each;
-    ``exists_sql`` is None when an empty answer needs no verdict (no filter).
-    ``count_op``: a structured ``count``, whose zero counts as empty. ``agent_sql``: the
-    statement is an agent's SQL, run with the connection's wall armed.
-    """
-
-    sql: str
-    params: tuple[Any, ...]
-    tables: tuple[str, ...] = ()
-    exists_sql: str | None = None
-    count_op: bool = False
-    agent_sql: bool = False
-    ctes: frozenset[str] = frozenset()
-
-    @classmethod
-    def of(cls, compiled: CompiledOperation) -> ReadPlan:
-        return cls(
-            compiled.sql,
-            compiled.params,
-            (compiled.table,),
-            compiled.exists_sql if compiled.filtered else None,
-            compiled.op == "count",
-        )
-
-    @classmethod
-    def of_sql(
-        cls, analysis: SqliteAnalysis, params: tuple[Any, ...], catalog: Catalog
-    ) -> ReadPlan:
-        names = tuple(catalog.tables[key].name for key in analysis.tables if key in catalog.tables)
-        exists = None
-        if analysis.filtered and names:
-            checks = ", ".join(
-                f"EXISTS (SELECT 1 FROM {quote_identifier(name, 'sqlite')})" for name in names
-            )
-            exists = f"SELECT {checks}"
-        return cls(analysis.executable, params, names, exists, False, True, analysis.ctes)
-
-
-@dataclass(frozen=True, slots=True)
-class WritePlan:
-    """A write as the engine runs it; ``agent_sql`` as for :class:`ReadPlan`."""
-
-    sql: str
-    params: tuple[Any, ...]
-    agent_sql: bool = False
-    ctes: frozenset[str] = frozenset()
-
-    @classmethod
-    def of(cls, compiled: CompiledOperation) -> WritePlan:
-        return cls(compiled.sql, compiled.params)
-
-    @classmethod
-    def of_sql(cls, analysis: SqliteAnalysis, params: tuple[Any, ...]) -> WritePlan:
-        return cls(analysis.executable, params, True, analysis.ctes)
-
-
-@dataclass(frozen=True, slots=True)
-class Journalled:
-    """What the journal holds for a key: nothing ran."""
-
-    fingerprint: str
-    state: str
-    result: StoredResult | None
-
-
 def _columns(cursor: sqlite3.Cursor) -> tuple[str, ...]:
     return unique_names([str(d[0]) for d in cursor.description or ()])
 
@@ -154,7 +56,7 @@ def _hide(catalog: Catalog) -> Catalog:
 
 
 class SQLiteFile:
-    """Blocking access to one SQLite target; see the module docstring."""
+    """Blocking access to one SQLite target (docs/architecture.md, seed 003, tells how)."""
 
     def __init__(
         self,
@@ -270,7 +172,7 @@ class SQLiteFile:
     # --- analysis ---------------------------------------------------------------------------
 
     def analyze(self, sql: str, catalog: Catalog) -> SqliteAnalysis:
-        """Analyse an agent's SQL (cached); see :func:`~._sqlite_sql.analyze_sqlite`."""
+        """Analyse an agent's SQL (cached); see :func:`~._analysis.analyze_sqlite`."""
         with self._analysis_lock:
             conn = self._analysis
             if conn is None:
