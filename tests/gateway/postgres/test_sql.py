@@ -9,10 +9,9 @@ from typing import Any
 import psycopg
 import pytest
 
+from corral.gateway import Gateway, GatewayError
 from corral.gateway._catalog import Catalog, Column, Table
 from corral.gateway._catalog_load import load_postgres_catalog, load_sqlite_catalog
-from corral.gateway._errors import GatewayError
-from corral.gateway._gateway import Gateway
 from corral.gateway._sql_functions import (
     CATALOG_OBJECT_TYPES,
     FORBIDDEN_FUNCTION_PREFIXES,

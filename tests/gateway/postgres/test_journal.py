@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from corral.gateway._gateway import Gateway
+from corral.gateway import Gateway
 from corral.gateway._journal import StoredResult, decode_result, encode_result, fingerprint
 from corral.gateway.postgres import _write
 from corral.gateway.postgres._journal import JournalName

@@ -15,7 +15,7 @@ from corral.runtime import FakeClock
 from tests.gateway.corpus import shop_sqlite_file
 from tests.gateway.crash_worker import AGENT, insert, kill_at_random_points
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _fetch(path: Path, sql: str) -> list[tuple[Any, ...]]:

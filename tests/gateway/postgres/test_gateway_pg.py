@@ -10,11 +10,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from corral.gateway._catalog import Catalog
-from corral.gateway._errors import GatewayError
-from corral.gateway._gateway import Gateway
+from corral.gateway import Catalog, Gateway, GatewayError, analyze
 from corral.gateway.postgres import _plan, _wire
-from corral.gateway.postgres._sql import Analysis, analyze
+from corral.gateway.postgres._sql import Analysis
 from corral.runtime import FakeClock
 from tests.gateway.corpus import ESCAPES, VALID_READS
 from tests.gateway.gateway_support import (

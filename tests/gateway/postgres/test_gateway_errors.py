@@ -8,9 +8,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from corral.gateway import BreakerPolicy
+from corral.gateway import BreakerPolicy, Gateway
 from corral.gateway._errors import CODES, database_refusal, sqlstate_code
-from corral.gateway._gateway import Gateway
 from corral.gateway.postgres._execute import map_error
 from tests.gateway.gateway_support import AGENT, execute, fetch, refused, shop_dsn
 
