@@ -38,9 +38,8 @@ from psycopg_pool import AsyncConnectionPool
 from tests.gateway.corpus import load_shop_postgres
 
 from bench._harness import row
-from corral.gateway._catalog import Catalog
-from corral.gateway._gateway import Gateway
-from corral.gateway._sql import SqlAnalyzer
+from corral.gateway import Catalog, Gateway
+from corral.gateway.postgres._sql import SqlAnalyzer
 
 PG_ADMIN = os.environ.get("CORRAL_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 ORDERS = 10_000

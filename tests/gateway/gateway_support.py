@@ -8,8 +8,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from corral.gateway._errors import GatewayError
-from corral.gateway._gateway import Gateway
+from corral.gateway import Gateway, GatewayError
+from corral.gateway.postgres._engine import PostgresEngine
+from corral.gateway.sqlite._engine import SQLiteEngine
 from tests.gateway.corpus import SHOP_ROWS, load_shop_postgres
 
 __all__ = ["AGENT", "HELPERS", "checksum", "execute", "fetch", "refund", "refused", "shop_dsn"]
@@ -105,3 +106,23 @@ def refund(
     if key is not None:
         request["idempotency_key"] = key
     return request
+
+
+def postgres_of(gw: Gateway) -> PostgresEngine:
+    """The PostgreSQL engine behind ``gw``, for tests that reach its pools."""
+    engine = gw._engine
+    assert isinstance(engine, PostgresEngine)
+    return engine
+
+
+def sqlite_of(gw: Gateway) -> SQLiteEngine:
+    """The SQLite engine behind ``gw``, for tests that reach its file."""
+    engine = gw._engine
+    assert isinstance(engine, SQLiteEngine)
+    return engine
+
+
+async def on_thread(gw: Gateway, method: str, *args: Any, **kwargs: Any) -> Any:
+    """Call the SQLite file's blocking ``method`` on one of ``gw``'s worker threads."""
+    engine = sqlite_of(gw)
+    return await engine.call(getattr(engine.file, method), *args, **kwargs)

@@ -17,22 +17,17 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from corral.daemon import http_status
-from corral.gateway._breaker import _MAX_REQUEST_CHARS, Breakers
-from corral.gateway._breaker_journal import (
-    FreezeJournal,
-    PostgresFreezeJournal,
-    SQLiteFreezeJournal,
-)
-from corral.gateway._breaker_records import (
-    OUTCOME_SIGNALS,
-    SIGNALS,
+from corral.gateway import (
     BreakerPolicy,
     Freeze,
+    FreezeJournal,
+    PostgresFreezeJournal,
     Reinstatement,
     RequestOutcome,
-    Signal,
-    record_from_dict,
+    SQLiteFreezeJournal,
 )
+from corral.gateway._breaker import _MAX_REQUEST_CHARS, Breakers
+from corral.gateway._breaker_records import OUTCOME_SIGNALS, SIGNALS, Signal, record_from_dict
 from corral.gateway._errors import CODES, GatewayError
 from corral.kernel import InvalidArgumentError, UsageError
 from corral.runtime import FakeClock

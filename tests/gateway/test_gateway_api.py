@@ -7,9 +7,7 @@ from typing import Any
 
 import pytest
 
-from corral.gateway._errors import GatewayError
-from corral.gateway._gateway import Gateway
-from corral.gateway._result import GatewayResult, QueryOutcome
+from corral.gateway import Gateway, GatewayError, GatewayResult, QueryOutcome
 from corral.kernel import InvalidArgumentError
 from corral.runtime import FakeClock
 from tests.gateway.gateway_support import AGENT, refused, shop_dsn

@@ -1,12 +1,12 @@
 """The databases the daemon fronts through the gateway, by name (``corral serve --db NAME=DSN``).
 
-Each target is a :class:`corral.gateway.Gateway` (PostgreSQL) or
-:class:`corral.gateway.SQLiteGateway` (a SQLite file), opened when the daemon starts and
-closed when it stops. :class:`Databases` answers in the HTTP API's JSON (camelCase keys;
-rows with JSON values: decimals as strings, times as ISO 8601, bytes as base64), and keeps
-the daemon's event log told: a freeze is logged as ``gateway.agent_frozen`` (with a notice
-in the parent's inbox when the agent is one of the daemon's), a reinstatement made through
-the daemon as ``decision.resolved`` with who and why.
+Each target is a :class:`corral.gateway.Gateway` (on PostgreSQL or a SQLite file), opened
+when the daemon starts and closed when it stops. :class:`Databases` answers in the HTTP API's
+JSON (camelCase keys; rows with JSON values: decimals as strings, times as ISO 8601, bytes as
+base64), and keeps the daemon's event log told: a freeze (each gateway's ``on_freeze`` hook)
+is logged as ``gateway.agent_frozen`` (with a notice in the parent's inbox when the agent is
+one of the daemon's), a reinstatement made through the daemon as ``decision.resolved`` with
+who and why.
 
 Freezes themselves live in each gateway's journal, so ``decisions()`` reads them from the
 gateways and they survive restarts whatever the event log holds.
@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import decimal
+import functools
 import ipaddress
 import logging
 import math
@@ -35,9 +36,7 @@ from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError
 from corral.kernel import _validate as v
 
 if TYPE_CHECKING:
-    from corral.gateway import BreakerPolicy, Freeze, Gateway, SQLiteGateway
-
-    AnyGateway = Gateway | SQLiteGateway
+    from corral.gateway import BreakerPolicy, Freeze, Gateway
 
 Json = dict[str, Any]
 logger = logging.getLogger("corral.daemon.gateway")
@@ -75,7 +74,7 @@ class Databases:
     """
 
     def __init__(
-        self, gateways: Mapping[str, AnyGateway], *, service: AgentService | None = None
+        self, gateways: Mapping[str, Gateway], *, service: AgentService | None = None
     ) -> None:
         v.instance_of("Databases", "gateways", gateways, Mapping)
         for name in gateways:
@@ -102,15 +101,18 @@ class Databases:
         ``breaker`` None means the gateway's default policy."""
         v.instance_of("Databases.open", "targets", targets, Mapping)
         try:
-            from corral.gateway import BreakerPolicy, Gateway, SQLiteGateway
+            from corral.gateway import BreakerPolicy, Gateway
         except ModuleNotFoundError as exc:
             raise GatewayNotInstalledError(exc.name or "corral.gateway") from None
         policy = breaker if breaker is not None else BreakerPolicy()
-        opened: dict[str, AnyGateway] = {}
+        opened: dict[str, Gateway] = {}
+        # Made first, so that each gateway's on_freeze hook has it to tell.
+        databases = cls({}, service=service)
         try:
             for name, dsn in targets.items():
                 check_target_name("Databases.open", name, argument="targets")
                 kind, where = target_kind(dsn)
+                on_freeze = functools.partial(databases._on_freeze, name)
                 if kind == "postgresql":
                     opened[name] = await Gateway.connect(
                         where,
@@ -119,16 +121,18 @@ class Databases:
                         max_rows=max_rows,
                         breaker=policy,
                         clock=clock,
+                        on_freeze=on_freeze,
                     )
                 else:
-                    opened[name] = await SQLiteGateway.connect(
-                        where,
+                    opened[name] = await Gateway.connect(
+                        "sqlite:///" + where,
                         statement_timeout_s=statement_timeout_s,
                         max_rows=max_rows,
                         breaker=policy,
                         clock=clock,
+                        on_freeze=on_freeze,
                     )
-            databases = cls(opened, service=service)
+            databases._gateways = dict(opened)
             await databases.log_unlogged_freezes()
         except BaseException:
             await _close_all(opened.values())
@@ -163,7 +167,7 @@ class Databases:
     def names(self) -> list[str]:
         return sorted(self._gateways)
 
-    def target(self, name: str | None) -> tuple[str, AnyGateway]:
+    def target(self, name: str | None) -> tuple[str, Gateway]:
         """The gateway named ``name``; None names the only one there is."""
         if name is None:
             if len(self._gateways) == 1:
@@ -243,14 +247,7 @@ class Databases:
             )
         request = snake_request(request)
         name, gw = self.target(target)
-        try:
-            result = await gw.query(agent_id, request)
-        except Exception as exc:
-            if getattr(exc, "code", None) != "agent_frozen":
-                await self._tell_freeze(name, gw, agent_id)
-            raise
-        if result.emptiness == "suspiciously_empty":
-            await self._tell_freeze(name, gw, agent_id)
+        result = await gw.query(agent_id, request)
         return {
             "target": name,
             "status": result.status,
@@ -308,19 +305,13 @@ class Databases:
                 logger.exception("could not log the reinstatement of %s in %s", agent_id, name)
         return answer
 
-    async def _tell_freeze(self, name: str, gw: AnyGateway, agent_id: str) -> None:
-        if gw.breaker_policy is None:
-            return
-        try:
-            freeze = gw.status(agent_id).freeze
-        except Exception:
-            # Asking must never replace the answer of the request that led here.
-            logger.exception("could not read the breakers of %s in %s", agent_id, name)
-            return
-        if freeze is not None:
-            await self._told_of(name, freeze)
+    async def _on_freeze(self, name: str, agent_id: str, freeze: Freeze) -> None:
+        # The gateway calls this once a freeze is recorded, by a breaker or by hand.
+        await self._told_of(name, freeze)
 
     async def _told_of(self, name: str, freeze: Freeze) -> None:
+        """Log ``freeze`` once (from the hook, a freeze by hand, a freeze found at start);
+        never raises."""
         if freeze.id in self._told:
             return
         self._told.add(freeze.id)
@@ -388,7 +379,7 @@ def _words(where: str, name: str, value: Any, *, optional: bool = False) -> None
         raise InvalidArgumentError(where, name, "text without control characters", value)
 
 
-async def _close_all(gateways: Iterable[AnyGateway]) -> None:
+async def _close_all(gateways: Iterable[Gateway]) -> None:
     for gw in list(gateways):
         try:
             await gw.close()

@@ -1,10 +1,5 @@
-"""Per-agent breakers: rolling counts of errors, refusals and suspicious empties, and freezes.
-
-The windows live in memory only: a restart starts every agent's counts from zero. Freezes and
-reinstatements live in a :class:`~corral.gateway._breaker_journal.FreezeJournal` and survive
-restarts; :meth:`Breakers.open` loads the agents frozen now. One ``Breakers`` per journal: a
-freeze recorded by another process is seen at the next ``open``.
-"""
+"""Per-agent breakers: rolling counts of errors, refusals and suspicious empties in memory, and
+freezes that survive restarts in a :class:`~corral.gateway._breaker_journal.FreezeJournal`."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """Where freezes and reinstatements are kept: ``FreezeJournal`` and its SQLite and PostgreSQL
-implementations.
-
-Both keep one table, ``corral_breaker_records`` (``seq`` orders the records, ``id`` is the
-record's id, ``kind`` is ``freeze`` or ``reinstatement``, ``data`` the record as JSON). An
-agent is frozen when its latest record is a freeze.
-"""
+implementations (one table, ``corral_breaker_records``)."""
 
 from __future__ import annotations
 

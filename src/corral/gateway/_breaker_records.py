@@ -1,21 +1,5 @@
-"""What the breakers count and what they record: policy, outcomes, freezes, reinstatements.
-
-Which outcome counts toward which signal (:data:`OUTCOME_SIGNALS`):
-
-- ``errors``: the request reached the database and failed there: ``database_error``,
-  ``invalid_data``, ``constraint_violation``, ``transaction_conflict`` (a request that keeps
-  losing to others is as much a loop as one that keeps failing), ``statement_timeout``,
-  ``read_only_violation`` (a write hidden in a read, stopped by the engine).
-- ``refusals``: the gateway refused the request before it touched the database:
-  ``parse_error``, ``multiple_statements``, ``forbidden_statement``, ``forbidden_function``,
-  ``unknown_table``, ``unknown_column``, ``invalid_operation``, ``idempotency_key_required``,
-  ``idempotency_conflict``.
-- ``suspicious_empties``: ``suspiciously_empty``.
-- nothing (not the agent's misbehaviour, or not a failure): ``ok``, ``genuinely_empty``,
-  ``replayed``, ``idempotency_in_progress`` (a retry racing its own first attempt),
-  ``outcome_unknown`` (a crash of the gateway), ``pool_exhausted`` (load, answered by the pool
-  itself), ``database_unavailable`` (the database is down for everyone), ``agent_frozen``.
-"""
+"""What the breakers count and what they record: the policy, which outcome counts toward which
+signal (:data:`OUTCOME_SIGNALS`), freezes and reinstatements."""
 
 from __future__ import annotations
 

@@ -1,17 +1,5 @@
-"""Reading a :class:`~corral.gateway._catalog.Catalog` out of a live PostgreSQL or SQLite database.
-
-Keys of ``Catalog.tables`` (lower case, as :meth:`Catalog.table` looks them up): on PostgreSQL a
-relation visible through the connection's ``search_path`` is keyed by its bare name
-(``orders``) and any other by ``schema.name`` (``audit.events``); on SQLite by its bare name.
-Tables, partitioned tables, views, materialized views and foreign tables are all loaded (each
-can be read); system schemas (``pg_catalog``, ``information_schema``, ``pg_toast``, every
-``pg_*``) are not, so SQL naming them is refused as ``unknown_table``.
-
-``version`` is the SHA-256 of a canonical JSON description of everything loaded (dialect,
-relations, their kind, columns in order with type, nullability and primary-key membership):
-any DDL that changes what the analysis can see changes it, and the same schema always gives
-the same version, in any database, so caches keyed on it stay valid across reconnects.
-"""
+"""Reading a :class:`~corral.gateway._catalog.Catalog` out of a live PostgreSQL or SQLite
+database, with a version that is the same for the same schema anywhere."""
 
 from __future__ import annotations
 

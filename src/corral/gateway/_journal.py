@@ -1,26 +1,5 @@
-"""The idempotency journal: one row per (agent, key), in the target PostgreSQL database.
-
-Table ``<schema>.<table>`` (default ``corral.gateway_journal``), created by
-:func:`ensure_journal` when missing::
-
-    agent_id text, key text          -- primary key (agent_id, key)
-    fingerprint text                 -- sha256 hex of the operation (see fingerprint())
-    state text                       -- 'running' or 'completed'
-    result jsonb                     -- the stored result (see encode_result())
-    created_at, completed_at timestamptz
-
-Keys are scoped per agent: two agents may use the same key for different work, and one
-agent's key never replays another agent's result. A write's journal row is inserted,
-``completed`` with its result, in the write's own transaction (by the write's own statement
-when the server can count its rows, see :mod:`~._execute`): a crash rolls back the row with the
-write, so no write's fate is ever unknown. While the write runs, its key is held by a
-transaction-scoped advisory lock (:meth:`JournalName.lock_key`), so a second transaction with
-the same key waits for it, then finds the row. A committed ``running`` row (which only a journal
-outside the write's transaction could leave, such as older versions' claims) is reported
-``outcome_unknown``.
-
-The journal's schema belongs to the gateway: nothing in it is shown to agents.
-"""
+"""What both engines' idempotency journals store: the fingerprint of a write and its result,
+encoded as JSON."""
 
 from __future__ import annotations
 
@@ -30,131 +9,17 @@ import decimal
 import hashlib
 import ipaddress
 import json
-import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-from corral.gateway._ops import quote_identifier
-from corral.kernel._errors import InvalidArgumentError
-
-if TYPE_CHECKING:
-    from psycopg import AsyncConnection
+from typing import Any
 
 __all__ = [
-    "JournalName",
     "StoredResult",
-    "check_identifier",
     "decode_result",
     "encode_result",
-    "ensure_journal",
     "fingerprint",
 ]
-
-_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}\Z")
-
-
-def check_identifier(where: str, argument: str, value: object) -> None:
-    """Raise ``InvalidArgumentError`` unless ``value`` is a plain lower-case identifier."""
-    if not isinstance(value, str) or not _IDENTIFIER.match(value):
-        raise InvalidArgumentError(
-            where,
-            argument,
-            "a lower-case identifier ([a-z_][a-z0-9_]*, at most 63 characters)",
-            value,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class JournalName:
-    """Where the journal lives: lower-case unquoted identifiers (``[a-z_][a-z0-9_]*``)."""
-
-    schema: str = "corral"
-    table: str = "gateway_journal"
-
-    def __post_init__(self) -> None:
-        check_identifier("JournalName", "schema", self.schema)
-        check_identifier("JournalName", "table", self.table)
-
-    @property
-    def qualified(self) -> str:
-        """``"schema"."table"``, for SQL run with or without parameters (no ``%`` in names)."""
-        return f"{quote_identifier(self.schema, 'sqlite')}.{quote_identifier(self.table, 'sqlite')}"
-
-    def lock_key(self, agent_id: str, key: str) -> int:
-        """The advisory lock (a signed 64-bit number) that holds ``(agent_id, key)`` of this
-        journal while its write runs: the same in every process."""
-        # Lengths first, so that no two (agent, key) pairs spell the same text.
-        named = f"{self.schema}.{self.table}:{len(agent_id)}:{agent_id}:{key}".encode()
-        return int.from_bytes(hashlib.blake2b(named, digest_size=8).digest(), "big", signed=True)
-
-    @property
-    def try_lock_sql(self) -> str:
-        # Fails (division by zero) when another transaction holds the key, so that the
-        # statements sent after it in the same pipeline are discarded unexecuted.
-        return "SELECT 1 / pg_try_advisory_xact_lock(%s::bigint)::int"
-
-    @property
-    def lock_sql(self) -> str:
-        return "SELECT pg_advisory_xact_lock(%s::bigint)"
-
-    @property
-    def check_sql(self) -> str:
-        # Fails (division by zero) when the key is journalled, so that the write sent after
-        # it in the same pipeline is discarded unexecuted. Run after the lock is held, in a
-        # snapshot of its own: a holder that committed meanwhile is seen.
-        return (
-            "SELECT 1 / (octet_length(key) - octet_length(key)) "
-            f"FROM {self.qualified} WHERE agent_id = %s AND key = %s"
-        )
-
-    @property
-    def record_sql(self) -> str:
-        return (
-            f"INSERT INTO {self.qualified} (agent_id, key, fingerprint, state, result, "
-            "created_at, completed_at) VALUES (%s, %s, %s, 'completed', %s::jsonb, %s, %s)"
-        )
-
-    @property
-    def lookup_sql(self) -> str:
-        return (
-            f"SELECT fingerprint, state, result, created_at, completed_at FROM {self.qualified} "
-            "WHERE agent_id = %s AND key = %s"
-        )
-
-
-async def ensure_journal(conn: AsyncConnection[Any], name: JournalName) -> None:
-    """Create the journal's schema and table unless they exist.
-
-    ``conn`` must be in autocommit mode and allowed to create them. Safe when several
-    gateways start at once (an advisory lock serialises the creation). Database errors
-    propagate.
-    """
-    async with conn.transaction():
-        # Two gateways creating the same table at once would otherwise race in the catalog.
-        await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [name.qualified])
-        cur = await conn.execute("SELECT to_regclass(%s) IS NOT NULL", [name.qualified])
-        row = await cur.fetchone()
-        if row is not None and row[0]:
-            return
-        # Only when missing: CREATE SCHEMA IF NOT EXISTS needs CREATE on the database even
-        # when the schema is there (a least-privileged role's schema made by its owner).
-        cur = await conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", [name.schema])
-        if await cur.fetchone() is None:
-            await conn.execute(f"CREATE SCHEMA {quote_identifier(name.schema, 'sqlite')}")
-        await conn.execute(
-            f"""CREATE TABLE IF NOT EXISTS {name.qualified} (
-                agent_id text NOT NULL,
-                key text NOT NULL,
-                fingerprint text NOT NULL,
-                state text NOT NULL CHECK (state IN ('running', 'completed')),
-                result jsonb,
-                created_at timestamptz NOT NULL,
-                completed_at timestamptz,
-                PRIMARY KEY (agent_id, key)
-            )"""
-        )
 
 
 def fingerprint(normalized: str, params: Sequence[Any], plan_hash: str | None) -> str:

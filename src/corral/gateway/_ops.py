@@ -1,62 +1,9 @@
-"""Structured operations (find, count, insert, update, delete) compiled to parameterised SQL.
+"""Structured operations (find, count, insert, update, delete) compiled to parameterised SQL for
+either engine: names come from the catalog, quoted; values are always parameters. The keys and
+operators are described in docs/gateway.md."""
 
-A request is a JSON-like mapping, for example ``{"op": "find", "table": "orders", "where":
-{"status": "open"}, "limit": 50}``. :func:`compile_operation` checks it against a
-:class:`~corral.gateway._catalog.Catalog` and returns a :class:`CompiledOperation` whose SQL
-names only tables and columns taken from the catalog (always quoted) and carries every value as
-a parameter: no text of the request ever reaches the SQL.
-
-Keys per operation (``op`` and ``table`` always; ``idempotency_key`` and ``plan_hash``, strings,
-are passed through to the result and are neither SQL nor part of ``normalized``):
-
-- ``find``: ``where``, ``columns`` (names; all columns when absent), ``order_by`` (names,
-  ``"-name"`` for descending), ``limit`` (integer >= 1: ``0`` could only answer nothing),
-  ``offset`` (integer >= 0; an empty answer of a read with a ``where`` or an ``offset`` says
-  whether the table has rows, see :class:`CompiledOperation`).
-- ``count``: ``where``. The single result column is named ``count``.
-- ``insert``: ``values`` (one row as a mapping, or a non-empty list of rows that all name the
-  same columns), ``returning``.
-- ``update``: ``set`` (a non-empty mapping), ``where`` or ``all_rows``, ``returning``.
-- ``delete``: ``where`` or ``all_rows``, ``returning``.
-
-``returning`` is a list of column names, or ``true`` for every column. An update or a delete
-needs a non-empty ``where``; touching every row takes ``"all_rows": true`` instead (a top-level
-key, so it can never collide with a column named ``all``). Any other key is refused, so a
-misspelt ``wehre`` cannot turn a filtered read into a full scan.
-
-``where`` maps a field to a value (equality; ``None`` means IS NULL) or to a mapping of
-operators, all AND-ed: ``eq``, ``ne`` (SQL ``<>``: rows where the field is NULL match neither
-``eq`` nor ``ne``), ``lt``, ``lte``, ``gt``, ``gte``, ``in`` (a non-empty list of strings,
-numbers or booleans), ``like`` and ``is_null`` (a boolean). A bare list is refused (say ``in``
-or ``eq``); comparing with a JSON object or array needs ``eq``/``ne`` and a PostgreSQL
-``jsonb`` or array column.
-
-``like`` uses ``%`` and ``_`` as wildcards and a backslash as the escape character on both
-engines (an ``ESCAPE`` clause is always compiled; a pattern may not end in a lone backslash).
-Case differs by engine: PostgreSQL's LIKE is case-sensitive, SQLite's ignores the case of
-ASCII letters (unless the connection set ``PRAGMA case_sensitive_like``).
-
-``order_by`` sorts NULLs last ascending and first descending on both engines (PostgreSQL's
-default, spelt out for SQLite). Nothing is sorted unless ``order_by`` says so.
-
-Values are JSON-like: ``str``, ``int``, finite ``float``, ``bool``, ``None``, lists and
-string-keyed mappings of these (nested at most 64 deep). On PostgreSQL a value for a ``json``
-or ``jsonb`` column is the JSON value itself (a string becomes a JSON string; ``None`` is SQL
-NULL), a list for an array column becomes an array, and values whose type the column's type
-can never accept (a number for a text column, a boolean for an integer column, ...) are refused
-here rather than failing in the database; strings are sent untyped so PostgreSQL reads them as
-the column's type (dates, uuids, enums). On SQLite lists and mappings are stored as JSON text.
-At most :data:`MAX_PARAMS` values per request.
-
-Every problem found in one request is reported at once: the :class:`GatewayError` raised has
-the code, message and details of the first (in the order of the statement: keys, table,
-selected columns, set/values, where, order, limits, returning) and ``details["problems"]``
-lists each one as ``{"code", "message", "details"}``. An unknown table stops column checks.
-
-Refusal codes: ``unknown_table`` (``table``, ``suggestions``), ``unknown_column`` (``table``,
-``column``, ``key``, ``suggestions``), ``invalid_operation`` (``key``, ``value``: the key path
-such as ``where.status.in`` and the value seen).
-"""
+# Longer than 500 lines: one compiler whose clauses check a request and write its SQL for both
+# dialects side by side; split by clause, each part would need the compiler's state back.
 
 from __future__ import annotations
 

@@ -1,32 +1,6 @@
-"""The functions SQL sent through the gateway may not call, and why.
-
-A name is matched on its last part (``pg_catalog.PG_READ_FILE`` is ``pg_read_file``), lower-cased,
-against :data:`FORBIDDEN_FUNCTIONS` (exact names) and :data:`FORBIDDEN_FUNCTION_PREFIXES`. A
-user function that happens to share a forbidden name or prefix is refused too: the lists err
-on the side of refusing. On SQLite targets the file and extension-loading functions of SQLite
-and its shell are refused as well.
-
-``current_setting`` is refused unless its first argument is a string literal naming one of
-:data:`READABLE_SETTINGS`. Settings name server paths (``data_directory``, ``config_file``,
-``hba_file``, ...), and custom settings (``app.jwt_secret``, an extension's key) often hold
-secrets; a list of dangerous names would miss those, and settings added by later releases,
-so only settings known to be harmless may be read.
-
-Each refusal gives one of these reasons: the function touches files on the server, uses large
-objects, reaches other servers, administers the server or its sessions, runs SQL given as a
-string, modifies table storage, maintains an index, changes lasting session state, assigns a
-transaction id, exposes the server (configuration, files, addresses, WAL, statistics, other
-sessions and their transactions), reveals the catalog (definitions, descriptions, addresses,
-sizes and privileges of objects, hidden ones included), or reads settings other than
-:data:`READABLE_SETTINGS`.
-
-Casts to the catalog object types (:data:`CATALOG_OBJECT_TYPES`: ``'pg_authid'::regclass``,
-``10::regrole``) are refused as calls too (see :func:`forbidden_type_reason`): PostgreSQL runs
-the type's input function, which looks the name up in the system catalogs (and its output
-function turns an oid into a name), so they would name and enumerate relations, types and
-roles the gateway hides. Their functions (``regclass(text)``, ``regclassin``, ...) and the
-``to_reg*`` lookups are refused by name.
-"""
+"""The functions SQL sent through the gateway may not call, and why: exact names, prefixes,
+``current_setting`` of anything but harmless settings, and casts to catalog object types. A name
+is matched on its last part, lower-cased; the lists err on the side of refusing."""
 
 from __future__ import annotations
 
@@ -50,6 +24,9 @@ _CATALOG_TYPES = (
 )
 
 # Types whose values are catalog objects named by text (input) or shown by name (output).
+# A cast to one runs the type's input or output function, a catalog lookup that would name and
+# enumerate relations, types and roles the gateway hides, so it is refused as a call; their
+# functions (regclass(text), regclassin, ...) and the to_reg* lookups are refused by name.
 CATALOG_OBJECT_TYPES = frozenset(
     {
         "regclass",
@@ -68,7 +45,8 @@ CATALOG_OBJECT_TYPES = frozenset(
 
 # Settings current_setting may read (lower case; names are case-insensitive): formatting,
 # locale, version and the transaction's own state. Nothing that names a path, and no custom
-# (dotted) setting.
+# (dotted) setting: custom settings often hold secrets (app.jwt_secret, an extension's key),
+# which a list of dangerous names would miss, as it would settings of later releases.
 READABLE_SETTINGS = frozenset(
     {
         "application_name",

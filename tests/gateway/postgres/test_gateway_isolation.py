@@ -14,8 +14,7 @@ from typing import Any
 
 import pytest
 
-from corral.gateway._errors import GatewayError
-from corral.gateway._gateway import Gateway
+from corral.gateway import Gateway, GatewayError
 from tests.gateway.gateway_support import fetch, shop_dsn
 
 __all__ = ["shop_dsn"]

@@ -1,40 +1,26 @@
-"""Turning a request (SQL or a structured operation) into a :class:`~._execute.Plan`.
-
-A SQL request is ``{"sql": str, "params": [...], "idempotency_key": str, "plan_hash": str}``
-(only ``sql`` required). ``sql`` uses PostgreSQL's ``$1 .. $n`` placeholders; the text is
-sent to the server unchanged and the parameters are bound there (never spliced into the
-text), so no quoting or ``%`` in the SQL can turn a value into SQL. ``params`` must hold
-exactly as many values as the highest placeholder number. Values are JSON-like: ``None``,
-``bool``, ``int``, finite ``float``, ``str``, lists (sent as PostgreSQL arrays) and
-string-keyed objects (sent as ``jsonb``). The server then types each parameter: an object
-compared with a column that is not ``json``/``jsonb`` (or a list with a column that is not an
-array) is refused there as ``database_error`` (SQLSTATE 42883, no operator for the two
-types, with PostgreSQL's hint in ``details``), never as a lost connection.
-
-A structured request is any mapping with ``op`` (see :mod:`corral.gateway._ops`).
-
-Every refusal is a ``GatewayError``: the analysis codes of :func:`~._sql.analyze` and
-:func:`~._ops.compile_operation`, and ``invalid_operation`` for a malformed request.
-"""
+"""Turning a request (SQL or a structured operation) into a PostgreSQL :class:`~._execute.Plan`:
+the request's shape, its parameters, its analysis, the tables an empty answer is checked on."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from psycopg.types.json import Jsonb
 
 from corral.gateway._catalog import Catalog, Table
 from corral.gateway._errors import GatewayError
-from corral.gateway._execute import Plan
-from corral.gateway._ops import compile_operation, quote_identifier
-from corral.gateway._sql import Analysis, analyze
+from corral.gateway._journal import fingerprint
+from corral.gateway._ops import compile_operation
+from corral.gateway._request import invalid, request_key
+from corral.gateway.postgres._execute import Plan
+from corral.gateway.postgres._journal import quote_name
+from corral.gateway.postgres._sql import Analysis, analyze
 
-__all__ = ["MAX_KEY_LENGTH", "Planned", "plan_request"]
+__all__ = ["Planned", "plan_request"]
 
-MAX_KEY_LENGTH = 256
 _SQL_KEYS = ("sql", "params", "idempotency_key", "plan_hash")
 _SQL_KEY_SET = frozenset(_SQL_KEYS)
 _MAX_DEPTH = 64
@@ -55,51 +41,41 @@ class Planned:
     key: str | None
     plan_hash: str | None
 
+    @property
+    def kind(self) -> Literal["read", "write"]:
+        return self.plan.kind
+
     def normalized(self) -> str:
         if self.analysis is not None:
             return self.analysis.normalized
         return self.normalized_op or ""
 
-
-def _invalid(key: str, value: Any, expected: str) -> GatewayError:
-    shown = repr(value)
-    shown = shown if len(shown) <= 80 else shown[:77] + "..."
-    return GatewayError(
-        "invalid_operation", f"{key} must be {expected}, got {shown}", key=key, value=shown
-    )
+    def fingerprint(self) -> str:
+        return fingerprint(self.normalized(), self.params, self.plan_hash)
 
 
 def plan_request(request: Any, catalog: Catalog) -> Planned:
     """The plan for ``request`` against ``catalog``; raises ``GatewayError`` (see module)."""
     if type(request) is not dict and not isinstance(request, Mapping):
-        raise _invalid("request", request, "a mapping with sql or op")
+        raise invalid("request", request, "a mapping with sql or op")
     has_sql, has_op = "sql" in request, "op" in request
     if has_sql and has_op:
-        raise _invalid("request", sorted(map(str, request)), "a mapping with sql or op, not both")
+        raise invalid("request", sorted(map(str, request)), "a mapping with sql or op, not both")
     if has_op:
         return _plan_op(request, catalog)
     if has_sql:
         return _plan_sql(request, catalog)
-    raise _invalid("request", sorted(map(str, request)), "a mapping with sql or op")
-
-
-def _key(request: Mapping[str, Any], name: str) -> str | None:
-    value = request.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value or len(value) > MAX_KEY_LENGTH:
-        raise _invalid(name, value, f"a non-empty string of at most {MAX_KEY_LENGTH} characters")
-    return value
+    raise invalid("request", sorted(map(str, request)), "a mapping with sql or op")
 
 
 def _param(value: Any, key: str, depth: int = 0, *, in_array: bool = False) -> Any:
     if depth > _MAX_DEPTH:
-        raise _invalid(key, value, f"a JSON value nested at most {_MAX_DEPTH} deep")
+        raise invalid(key, value, f"a JSON value nested at most {_MAX_DEPTH} deep")
     if value is None or isinstance(value, bool | int | str):
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise _invalid(key, value, "a finite number")
+            raise invalid(key, value, "a finite number")
         return value
     if isinstance(value, list | tuple):
         # A list is a PostgreSQL array, unless it lies inside a JSON object.
@@ -110,21 +86,21 @@ def _param(value: Any, key: str, depth: int = 0, *, in_array: bool = False) -> A
         return items
     if isinstance(value, Mapping):
         if in_array:
-            raise _invalid(
+            raise invalid(
                 key, value, "an array element (objects are only allowed as a whole parameter)"
             )
         for k, v in value.items():
             if not isinstance(k, str):
-                raise _invalid(key, k, "a JSON object key (a string)")
+                raise invalid(key, k, "a JSON object key (a string)")
             _param(v, f"{key}.{k}", depth + 1)
         return Jsonb(dict(value)) if depth == 0 else value
-    raise _invalid(key, value, "a JSON value (None, bool, int, float, str, list or object)")
+    raise invalid(key, value, "a JSON value (None, bool, int, float, str, list or object)")
 
 
 def _qualified(table: Table) -> str:
-    # Run without parameters, so no % doubling.
-    name = quote_identifier(table.name, "sqlite")
-    return f"{quote_identifier(table.schema, 'sqlite')}.{name}" if table.schema else name
+    # Run without parameters (psycopg never formats it), so a % stays as it is.
+    name = quote_name(table.name)
+    return f"{quote_name(table.schema)}.{name}" if table.schema else name
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,22 +138,22 @@ def _plan_sql(request: Mapping[str, Any], catalog: Catalog) -> Planned:
     if not _SQL_KEY_SET.issuperset(request):
         for k in request:
             if k not in _SQL_KEY_SET:
-                raise _invalid(
+                raise invalid(
                     str(k), request[k], f"absent: a SQL request has only {', '.join(_SQL_KEYS)}"
                 )
     sql = request["sql"]
     if not isinstance(sql, str) or not sql or sql.isspace():
-        raise _invalid("sql", sql, "a non-empty string")
+        raise invalid("sql", sql, "a non-empty string")
     raw_params = request.get("params")
     if raw_params is None:
         raw_params = ()
     if not isinstance(raw_params, list | tuple):
-        raise _invalid("params", raw_params, "a list of values")
+        raise invalid("params", raw_params, "a list of values")
     if all(type(v) in _PLAIN for v in raw_params):
         params = tuple(raw_params)
     else:
         params = tuple(_param(v, f"params[{i}]") for i, v in enumerate(raw_params))
-    key, plan_hash = _key(request, "idempotency_key"), _key(request, "plan_hash")
+    key, plan_hash = request_key(request, "idempotency_key"), request_key(request, "plan_hash")
     shape = _shape(sql, catalog)
     analysis = shape.analysis
     if analysis.param_count != len(params):
@@ -203,7 +179,7 @@ def _plan_sql(request: Mapping[str, Any], catalog: Catalog) -> Planned:
 
 def _plan_op(request: Mapping[str, Any], catalog: Catalog) -> Planned:
     compiled = compile_operation(request, catalog)
-    key, plan_hash = _key(request, "idempotency_key"), _key(request, "plan_hash")
+    key, plan_hash = request_key(request, "idempotency_key"), request_key(request, "plan_hash")
     name = str(request["table"])
     table = catalog.tables.get(name) or catalog.table(name)
     exists = ((compiled.table, _qualified(table)),) if table is not None else ()

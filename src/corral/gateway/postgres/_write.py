@@ -1,45 +1,5 @@
-"""Running one analysed request on a leased PostgreSQL connection.
-
-Every request is sent as one pipeline of statements, prepared on its connection, in one
-network round trip (two for a write whose rows must come back before the journal can store
-them, see below): :mod:`~._wire` sends them and loads their rows; this module decides what to
-send and what the results mean. A statement's error (found while it was prepared or while it
-ran) is raised as psycopg's error for its SQLSTATE, which :func:`map_error` turns into the
-``GatewayError`` the agent is given.
-
-Reads. Connections are opened with ``default_transaction_read_only=on``, so a read runs as
-one statement in a READ ONLY transaction the engine enforces; the connection's reported
-setting is checked before each read, and a connection whose session default was changed runs
-the read in an explicit ``BEGIN ... READ ONLY`` and is then closed. Rows come in chunks of
-``max_rows + 1``: the gateway never holds more than that many rows of a read, and a longer
-result is cancelled on the server and returned truncated. A read that returns no rows is run
-once more in a single ``REPEATABLE READ READ ONLY`` transaction (one network round trip,
-pipelined: ``DECLARE`` a cursor, ``FETCH`` ``max_rows + 1``) together with an exact ``SELECT
-EXISTS (SELECT 1 FROM t)`` on every table it read, so the rows, the columns and the emptiness
-verdict all come from one snapshot.
-
-Writes. One round trip: ``BEGIN READ WRITE``; the key's advisory lock, tried
-(:meth:`~._journal.JournalName.lock_key`); a check that the key is not journalled; the write
-with its journal row; ``COMMIT``. The lock and the check fail (a division by zero, on purpose)
-when the key is held or journalled, so that the server discards the rest of the pipeline
-unexecuted: a held key is then waited for once, in the database, for at most ``key_wait_s``
-(``idempotency_in_progress`` after that), and a journalled one raises :class:`KeyTaken` (the
-caller reads the journal). The journal row is inserted by the write's own statement, with the
-number of rows the write wrote: a write without ``RETURNING`` (a plain INSERT, UPDATE or
-DELETE, with no ``WITH`` of its own) runs as::
-
-    WITH _corral_write AS (<the write> RETURNING 1),
-         _corral_journal AS (INSERT INTO <journal> ... SELECT ..., count(*) FROM _corral_write)
-    SELECT count(*) FROM _corral_write
-
-A write with ``RETURNING`` (or with its own ``WITH``, or one PostgreSQL refuses to run inside
-a ``WITH``, such as a write to a table with rules) needs its rows in hand before they can be
-stored: its first round trip stops after the write, a second inserts the journal row with the
-rows and commits. Either way the journal row commits or rolls back with the write. A
-transaction that wrote the key's row without holding its lock (an older gateway) and committed
-first makes the journal's primary key refuse the row: the write is rolled back and
-:class:`KeyTaken` raised.
-"""
+"""A keyed write on a leased PostgreSQL connection: the key's lock, its check, the write with its
+journal row and the commit in one round trip (docs/architecture.md, seed 003, tells why)."""
 
 from __future__ import annotations
 
@@ -49,23 +9,23 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 import psycopg
-from psycopg import AsyncRawCursor, adapt
+from psycopg import adapt
 from psycopg.abc import Transformer
 from psycopg.pq.abc import PGresult
 
-from corral.gateway import _wire as wire
-from corral.gateway._errors import GatewayError, database_refusal, sqlstate_code
-from corral.gateway._journal import JournalName, StoredResult, encode_result
-from corral.gateway._pools import Lease
-from corral.gateway._result import GatewayResult, unique_names
+from corral.gateway._errors import GatewayError
+from corral.gateway._journal import StoredResult, encode_result
+from corral.gateway._result import GatewayResult
+from corral.gateway.postgres import _wire as wire
+from corral.gateway.postgres._execute import Plan, map_error, plan_params
+from corral.gateway.postgres._journal import JournalName
+from corral.gateway.postgres._pools import Lease
 
-__all__ = ["KeyTaken", "Plan", "map_error", "run_read", "run_write"]
+__all__ = ["KeyTaken", "run_write"]
 
-_CURSOR = "_corral_read"
-_UNAVAILABLE_STATES = frozenset({"57P01", "57P02", "57P03", "53300"})
 # The wrapped form of a write failing with these runs unwrapped instead: PostgreSQL refuses
 # some writes inside WITH (DO INSTEAD rules: 0A000), and a statement the wrapping misread
 # would not parse (42601).
@@ -80,146 +40,10 @@ _pg_query: Any = importlib.import_module("postgast.native").lib
 _pg_query_errors: Any = importlib.import_module("postgast.errors")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Plan:
-    """An analysed request, ready to run.
-
-    ``raw``: ``sql`` uses PostgreSQL's ``$n`` placeholders (sent as they are, bound by the
-    server); otherwise psycopg's ``%s`` (``%%`` for a ``%``). ``exists`` lists ``(label,
-    qualified name)`` of every table the read reads. ``count_op``: a structured ``count``,
-    whose zero counts as an empty answer.
-    """
-
-    kind: Literal["read", "write"]
-    sql: str
-    params: tuple[Any, ...]
-    raw: bool
-    filtered: bool
-    exists: tuple[tuple[str, str], ...] = ()
-    explain: bool = False
-    count_op: bool = False
-
-
 class KeyTaken(Exception):
     """The idempotency key is already journalled (committed by another transaction); the
     write did not run, or was rolled back."""
 
-
-# --- reads ------------------------------------------------------------------------------------
-
-
-def _cursor(conn: psycopg.AsyncConnection[Any], raw: bool) -> psycopg.AsyncCursor[Any]:
-    return AsyncRawCursor(conn) if raw else conn.cursor()
-
-
-def _params(plan: Plan) -> Sequence[Any] | None:
-    # psycopg reads %% as % only when parameters are passed: compiled operations always pass.
-    return plan.params if (plan.params or not plan.raw) else None
-
-
-def _columns(description: Sequence[Any] | None) -> tuple[str, ...]:
-    if not description:
-        return ()
-    return unique_names([str(column.name) for column in description])
-
-
-def _dicts(columns: tuple[str, ...], rows: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
-    return [dict(zip(columns, row, strict=True)) for row in rows]
-
-
-def _counted_none(plan: Plan, rows: Sequence[Sequence[Any]]) -> bool:
-    return plan.count_op and len(rows) == 1 and rows[0][0] == 0
-
-
-async def run_read(lease: Lease, plan: Plan, *, max_rows: int) -> GatewayResult:
-    """Run the read ``plan``; see the module docstring. psycopg errors propagate."""
-    conn = lease.conn
-    if conn.pgconn.parameter_status(b"default_transaction_read_only") != b"on":
-        # The session default was changed (or is not reported): never trust this session.
-        lease.discard = True
-        return await _read_in_snapshot(lease, plan, max_rows=max_rows)
-    tx = adapt.Transformer(conn)
-    encoding = wire.statements_of(conn).encoding
-    command = wire.command(tx, wire.encoded(plan.sql, plan.raw, encoding), _params(plan))
-    groups, truncated = await wire.run_pipeline(lease, [command], limit=max_rows)
-    error = wire.error_in(groups[0], lease)
-    if error is not None and wire.stale_plan(error, lease):
-        groups, truncated = await wire.run_pipeline(lease, [command], limit=max_rows)
-        error = wire.error_in(groups[0], lease)
-    if error is not None:
-        raise error
-    results = groups[0]
-    described = wire.described(results)
-    if described is None or wire.row_count(results) == 0:
-        # The verdict on an empty answer needs one snapshot for the rows and the EXISTS.
-        return await _read_in_snapshot(lease, plan, max_rows=max_rows)
-    columns = wire.column_names(described, encoding)
-    rows = wire.load_rows(tx, results, columns, max_rows)
-    if plan.count_op and len(rows) == 1 and next(iter(rows[0].values())) == 0:
-        return await _read_in_snapshot(lease, plan, max_rows=max_rows)
-    return GatewayResult(rows=rows, columns=columns, row_count=len(rows), truncated=truncated)
-
-
-async def _read_in_snapshot(lease: Lease, plan: Plan, *, max_rows: int) -> GatewayResult:
-    conn = lease.conn
-    checks = plan.exists if plan.filtered else ()
-    begin, declare, main = conn.cursor(), _cursor(conn, plan.raw), conn.cursor()
-    exists, commit = conn.cursor(), conn.cursor()
-    try:
-        async with conn.pipeline():
-            await begin.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            if plan.explain:
-                main = declare
-                await main.execute(plan.sql, _params(plan))
-            else:
-                prefix = f"DECLARE {_CURSOR} NO SCROLL CURSOR FOR "
-                await declare.execute(prefix + plan.sql, _params(plan))
-                await main.execute(f"FETCH FORWARD {max_rows + 1} FROM {_CURSOR}")
-            if checks:
-                listed = ", ".join(f"EXISTS (SELECT 1 FROM {name})" for _, name in checks)
-                await exists.execute(f"SELECT {listed}")
-            await commit.execute("COMMIT")
-    except BaseException:
-        await wire.rollback(lease)
-        raise
-    try:
-        rows = await main.fetchall()
-    except psycopg.DataError:
-        # A date or time Python cannot hold: the rows are loaded again, such values as text.
-        if main.pgresult is None:
-            raise
-        rows = wire.load_all(conn, main.pgresult)
-    columns = _columns(main.description)
-    truncated = len(rows) > max_rows
-    rows = rows[:max_rows]
-    result = _dicts(columns, rows)
-    if rows and not _counted_none(plan, rows):
-        return GatewayResult(rows=result, columns=columns, row_count=len(rows), truncated=truncated)
-    holding: list[str] = []
-    if checks:
-        flags = await exists.fetchone()
-        holding = [label for (label, _), has in zip(checks, flags or (), strict=True) if has]
-    if not holding:
-        return GatewayResult(
-            rows=result, columns=columns, row_count=len(rows), emptiness="genuinely_empty"
-        )
-    named = ", ".join(holding)
-    what = "counted none" if plan.count_op else "returned no rows"
-    warning = (
-        f"suspiciously empty: the read {what}, but {named} "
-        f"{'holds' if len(holding) == 1 else 'hold'} rows that its filter matched none of; "
-        "a wrong value or column in the filter is more likely than a true absence"
-    )
-    return GatewayResult(
-        rows=result,
-        columns=columns,
-        row_count=len(rows),
-        emptiness="suspiciously_empty",
-        warnings=(warning,),
-    )
-
-
-# --- writes -----------------------------------------------------------------------------------
 
 _BEGIN_COMMAND = wire.constant(_BEGIN_WRITE)
 _COMMIT_COMMAND = wire.constant(_COMMIT)
@@ -338,7 +162,7 @@ async def run_write(
     tx = adapt.Transformer(conn)
     encoding = wire.statements_of(conn).encoding
     sql = wire.encoded(plan.sql, plan.raw, encoding)
-    params = tuple(_params(plan) or ())
+    params = tuple(plan_params(plan) or ())
     # The journal's own parameters are dumped here, as text of known types.
     stamp, stamp_type = _timestamp(now)
     write = _Write(
@@ -515,75 +339,3 @@ async def _committing(lease: Lease, commands: list[wire.Command], key: str) -> l
             ) from None
         raise
     return groups
-
-
-def map_error(
-    exc: Exception, lease: Lease | None, *, statement_timeout_s: float, reading: bool = True
-) -> GatewayError:
-    """A psycopg error as the ``GatewayError`` the agent is given.
-
-    A statement the server refused is classified by its SQLSTATE
-    (:func:`~._errors.sqlstate_code`: ``invalid_data``, ``constraint_violation``,
-    ``transaction_conflict``, else ``database_error``); its details are ``sqlstate``,
-    ``database_message`` (PostgreSQL's primary message, also in the message),
-    ``database_detail``, ``database_hint`` and ``constraint`` (None when the server gave
-    none). A value of a result that could not be loaded is ``invalid_data`` without a
-    SQLSTATE. A read-only refusal is ``read_only_violation`` only when ``reading`` (a write
-    refused so runs against a read-only server: a database error). Never connection
-    parameters.
-    """
-    if isinstance(exc, GatewayError):
-        return exc
-    if lease is not None and lease.drained:
-        return GatewayError(
-            "database_unavailable",
-            f"agent {lease.agent_id!r}'s connections were drained while its statement ran",
-            agent_id=lease.agent_id,
-        )
-    sqlstate: str | None = getattr(exc, "sqlstate", None)
-    diag = getattr(exc, "diag", None)
-    if sqlstate == "57014":
-        return GatewayError(
-            "statement_timeout",
-            f"the statement ran longer than the statement timeout of {statement_timeout_s} s "
-            "and was cancelled",
-            timeout_s=statement_timeout_s,
-        )
-    if sqlstate == "25006" and reading:
-        return GatewayError(
-            "read_only_violation",
-            "the statement tried to write inside a read, which runs in a READ ONLY "
-            "transaction; nothing was changed",
-            sqlstate=sqlstate,
-            database_message=getattr(diag, "message_primary", None),
-        )
-    broken = lease is not None and (lease.conn.closed or lease.conn.broken)
-    if (
-        broken
-        or isinstance(exc, psycopg.InterfaceError)
-        or (sqlstate or "").startswith("08")
-        or sqlstate in _UNAVAILABLE_STATES
-        or (sqlstate is None and isinstance(exc, psycopg.OperationalError))
-    ):
-        if lease is not None:
-            lease.discard = True
-        return GatewayError(
-            "database_unavailable",
-            "the connection to the database was lost or refused",
-            sqlstate=sqlstate,
-        )
-    primary = getattr(diag, "message_primary", None)
-    message = primary or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    code = sqlstate_code(sqlstate)
-    if sqlstate is None and isinstance(exc, psycopg.DataError):
-        # Raised by psycopg, not the server: a value of the result Python cannot hold.
-        code, message = "invalid_data", f"a value of the result could not be loaded: {message}"
-    return database_refusal(
-        code,
-        message + (f" (SQLSTATE {sqlstate})" if sqlstate else ""),
-        sqlstate=sqlstate,
-        database_message=message,
-        database_detail=getattr(diag, "message_detail", None),
-        database_hint=getattr(diag, "message_hint", None),
-        constraint=getattr(diag, "constraint_name", None),
-    )

@@ -1,55 +1,6 @@
-"""What a SQL request would do, decided before it reaches the database.
-
-:func:`analyze` parses PostgreSQL SQL with libpg_query (through ``postgast``) and either returns
-an :class:`Analysis` or raises :class:`~corral.gateway._errors.GatewayError`, checking in this
-order (the first failure wins):
-
-``parse_error``
-    The parser rejected the text, or it holds no statement. ``details``: ``position``
-    (1-based character offset, as PostgreSQL reports it; None when unknown) and
-    ``parser_message``.
-``multiple_statements``
-    More than one statement, however they are separated or hidden (comments, quoting,
-    trailing statements). ``details``: ``count``.
-``forbidden_statement``
-    Anything but a read (``SELECT``, ``VALUES``, ``TABLE``, with CTEs) or a write
-    (``INSERT``/``UPDATE``/``DELETE``, with ``ON CONFLICT`` and ``RETURNING``): DDL, transaction
-    control, ``COPY``, ``SET``/``RESET``/``SHOW``, ``DO``, ``CALL``, ``LISTEN``/``NOTIFY``,
-    ``LOCK``, maintenance, ``GRANT``, ``PREPARE``/``EXECUTE``, cursors, ``MERGE``, ... Also
-    ``SELECT ... INTO`` (it creates a table), row locks (``FOR UPDATE``/``FOR SHARE``) in a
-    read, and ``EXPLAIN ANALYZE`` of a write (it executes it; of repeated ``ANALYZE`` options
-    the last counts, as in PostgreSQL). ``EXPLAIN`` of a read or write is otherwise a read:
-    without ``ANALYZE`` nothing runs. ``details``: ``statement``.
-``forbidden_function``
-    A call of a function listed in :mod:`corral.gateway._sql_functions`, anywhere in the
-    statement (select list, ``WHERE``, ``FROM``, CTEs, subqueries, casts, ``ORDER BY``, ...),
-    schema-qualified or not, in any letter case. Field-selection syntax, which PostgreSQL
-    turns into a call (``('/etc/passwd'::text).pg_read_file``), counts. ``current_setting``
-    only of a readable setting named by a literal. A cast to a catalog object type
-    (``'pg_authid'::regclass``, ``CAST(10 AS regrole)``, a ``regclass`` column in a column
-    definition list) is refused the same way, the type in ``function``: PostgreSQL runs the
-    type's input or output function, a catalog lookup that would name hidden objects.
-    ``details``: ``function``, ``position``.
-``unknown_table``
-    A relation neither in the catalog nor a CTE in scope, named anywhere (any clause, any
-    depth); system catalogs and the gateway's own schema are not in the catalog. Quoted names
-    keep their case (``"ORDERS"`` is not ``orders``); a name with a database part
-    (``db.public.orders``) is never resolved; a type that may be the row type of a relation
-    outside the catalog (``NULL::pg_authid``) counts as naming it. ``details``: ``table``,
-    ``suggestions`` (close matches), ``position``.
-``unknown_column``
-    See :mod:`corral.gateway._sql_names`. ``details``: ``column``, ``table`` (None when
-    unqualified over several tables), ``suggestions``, ``position``.
-
-Classification: a statement is a ``write`` when it holds an ``INSERT``, ``UPDATE`` or
-``DELETE`` anywhere (a data-modifying CTE under a ``SELECT`` makes the whole statement a write:
-it then needs an idempotency key and runs in a read-write transaction), or calls ``nextval`` or
-``setval``. Any other volatile function in a read is left to the READ ONLY transaction the
-executor runs reads in.
-
-Results and refusals are cached (LRU) by ``(sql, catalog.version)``: a schema change gives a
-new version, so nothing stale is ever served.
-"""
+"""What a PostgreSQL SQL request would do, decided before it reaches the database: parsed with
+libpg_query, refused in the order of docs/gateway.md's table, classified read or write, cached
+by statement text and catalog version."""
 
 from __future__ import annotations
 
@@ -64,8 +15,11 @@ from typing import Any, Literal
 
 from corral.gateway._catalog import Catalog
 from corral.gateway._errors import GatewayError
+from corral.gateway._refusal import Refusal
 from corral.gateway._sql_functions import forbidden_function_reason, forbidden_type_reason
-from corral.gateway._sql_names import Node, Resolver, char_position, filtered, unwrap
+from corral.gateway.postgres._filtered import filtered
+from corral.gateway.postgres._names import Resolver
+from corral.gateway.postgres._tree import Node, char_position, unwrap
 from corral.kernel._validate import instance_of, positive_int
 
 __all__ = ["Analysis", "AnalyzerCacheInfo", "SqlAnalyzer", "analyze"]
@@ -118,7 +72,7 @@ class Analysis:
     the rows (the statement, its ``FROM`` subqueries and CTEs, set-operation arms; not scalar
     subqueries) may remove rows (a ``WHERE``, ``HAVING`` or inner-join condition, ``LIMIT`` 0
     or a parameter, ``OFFSET``, a function in ``FROM``, a set-returning call; see
-    :func:`~corral.gateway._sql_names.filtered`), so an empty result may be a filter that
+    :func:`~corral.gateway.postgres._names.filtered`), so an empty result may be a filter that
     matched nothing. ``param_count`` is the highest ``$n`` placeholder (0 when none).
     """
 
@@ -155,13 +109,6 @@ class AnalyzerCacheInfo:
     maxsize: int
 
 
-@dataclass(frozen=True, slots=True)
-class _Refusal:
-    code: str
-    message: str
-    details: dict[str, Any]
-
-
 class SqlAnalyzer:
     """:func:`analyze` with its own LRU cache of ``cache_size`` entries (refusals included).
 
@@ -171,7 +118,7 @@ class SqlAnalyzer:
     def __init__(self, *, cache_size: int = 1024) -> None:
         positive_int("SqlAnalyzer", "cache_size", cache_size)
         self._maxsize = cache_size
-        self._cache: OrderedDict[tuple[str, str], Analysis | _Refusal] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str], Analysis | Refusal] = OrderedDict()
         self._lock = threading.Lock()
         self._hits = 0
         self._misses = 0
@@ -192,13 +139,13 @@ class SqlAnalyzer:
             try:
                 entry = _analyze(sql, catalog)
             except GatewayError as exc:
-                entry = _Refusal(exc.code, exc.message, dict(exc.details))
+                entry = Refusal.of(exc)
             with self._lock:
                 self._cache[key] = entry
                 while len(self._cache) > self._maxsize:
                     self._cache.popitem(last=False)
-        if isinstance(entry, _Refusal):
-            raise GatewayError(entry.code, entry.message, **entry.details)
+        if isinstance(entry, Refusal):
+            raise entry.error()
         return entry
 
     def cache_info(self) -> AnalyzerCacheInfo:
@@ -218,7 +165,7 @@ _DEFAULT_ANALYZER = SqlAnalyzer()
 
 
 def analyze(sql: str, catalog: Catalog) -> Analysis:
-    """Analyse one PostgreSQL statement against ``catalog`` (see the module docstring).
+    """Analyse one PostgreSQL statement against ``catalog`` (docs/gateway.md lists the refusals).
 
     Raises ``GatewayError`` (codes above) for a refused statement, ``InvalidArgumentError``
     when ``sql`` is not a ``str`` or ``catalog`` not a ``Catalog``. Pure, and cached in one

@@ -13,16 +13,11 @@ from typing import Any
 
 import pytest
 
-from corral.gateway import _execute
-from corral.gateway._gateway import Gateway
-from corral.gateway._journal import (
-    JournalName,
-    StoredResult,
-    decode_result,
-    encode_result,
-    fingerprint,
-)
-from corral.gateway._plan import plan_request
+from corral.gateway import Gateway
+from corral.gateway._journal import StoredResult, decode_result, encode_result, fingerprint
+from corral.gateway.postgres import _write
+from corral.gateway.postgres._journal import JournalName
+from corral.gateway.postgres._plan import plan_request
 from corral.kernel import InvalidArgumentError
 from tests.gateway.gateway_support import AGENT, execute, fetch, refund, refused, shop_dsn
 
@@ -393,7 +388,7 @@ async def test_a_write_postgres_refuses_inside_with_runs_unwrapped(shop_dsn: str
         again = await gw.query(AGENT, ruled(0))
         assert (again.status, again.row_count) == ("replayed", 1)
     assert fetch(shop_dsn, "SELECT n FROM ruled_log ORDER BY n") == [(0,), (1,), (2,)]
-    assert b"INSERT INTO ruled (n) VALUES ($1)" in _execute._UNWRAPPED  # tried wrapped once
+    assert b"INSERT INTO ruled (n) VALUES ($1)" in _write._UNWRAPPED  # tried wrapped once
     assert fetch(shop_dsn, "SELECT count(*) FROM corral.gateway_journal") == [(3,)]
 
 

@@ -10,10 +10,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from corral.gateway._errors import GatewayError
-from corral.gateway._gateway import Gateway
+from corral.gateway import Gateway, GatewayError
 from corral.gateway._journal import StoredResult, encode_result, fingerprint
-from corral.gateway._plan import plan_request
+from corral.gateway.postgres._plan import plan_request
 from corral.runtime import FakeClock
 from tests.gateway.crash_worker import AGENT as CRASH_AGENT
 from tests.gateway.crash_worker import insert, kill_at_random_points
@@ -22,7 +21,7 @@ from tests.support.polling import settle
 
 __all__ = ["shop_dsn"]
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 # --- concurrency ------------------------------------------------------------------------------

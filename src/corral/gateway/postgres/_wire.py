@@ -1,30 +1,5 @@
-"""The wire: sending a request's statements to PostgreSQL and reading their results back.
-
-Requests go to the server through libpq's pipeline mode, driven here on psycopg's ``pq``
-layer with psycopg's adapters for parameters and rows: every statement of a request is
-queued, then one ``Sync``, so a request costs one network round trip
-(:func:`run_pipeline`). Statements are prepared on their connection: the first execution of
-a text (with the same parameter types) parses it as a named statement in the same round
-trip, later ones skip parsing and planning on the server. Each connection keeps its
-``_STATEMENTS_PER_CONNECTION`` most recently used statements; the others are closed in its
-next round trip. PostgreSQL chooses between custom and generic plans for them as for any
-client that prepares (``plan_cache_mode``). A prepared statement whose result shape changed
-under it (a column type altered, ``0A000``) makes the connection forget every statement
-(:func:`stale_plan`; the caller sends the request once more). Named statements live in the
-server session: the gateway needs session-level connections (a pooler in transaction mode
-between it and the server would hand them to other sessions).
-
-A statement the server refuses while preparing it (it does not parse or plan: an invalid
-literal, an unknown type or function, a parameter of the wrong type) comes back as its
-command's first result, and the rest of the pipeline is skipped up to the ``Sync``: errors of
-statements are results, never exceptions; an exception out of :func:`run_pipeline` means the
-connection itself failed.
-
-Rows are loaded with the connection's adapters. A date, timestamp or interval that Python's
-types cannot hold (``infinity``, ``-infinity``, a year past 9999 or before 1, an interval past
-``timedelta``'s range) is loaded as the text PostgreSQL sent for it, so such a value never
-makes a whole result unreadable (:func:`load_rows`, :func:`load_all`).
-"""
+"""The wire: a request's statements sent to PostgreSQL in one pipeline (one round trip), prepared
+per connection, and their results read back with psycopg's adapters."""
 
 from __future__ import annotations
 
@@ -46,8 +21,8 @@ from psycopg.generators import send
 from psycopg.pq.abc import PGconn, PGresult
 from psycopg.waiting import Wait
 
-from corral.gateway._pools import Lease
 from corral.gateway._result import unique_names
+from corral.gateway.postgres._pools import Lease
 
 __all__ = [
     "TEXT_OID",

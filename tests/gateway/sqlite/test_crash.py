@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from corral.gateway import GatewayError, SQLiteGateway
-from corral.gateway._sqlite_engine import JOURNAL_TABLE
+from corral.gateway.sqlite._file import JOURNAL_TABLE
 from corral.runtime import FakeClock
 from tests.gateway.corpus import shop_sqlite_file
 from tests.gateway.crash_worker import AGENT, insert, kill_at_random_points
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _fetch(path: Path, sql: str) -> list[tuple[Any, ...]]:

@@ -12,19 +12,16 @@ import pytest
 
 from corral.gateway import GatewayError, SQLiteGateway
 from corral.gateway._catalog_load import load_sqlite_catalog
-from corral.gateway._sqlite_engine import JOURNAL_TABLE, ReadPlan, WritePlan
-from corral.gateway._sqlite_sql import (
-    SqliteSqlAnalyzer,
-    Wall,
-    analyze_sqlite,
-    cte_names,
-    prewarm,
-    tokenize,
-)
+from corral.gateway.sqlite._analysis import SqliteSqlAnalyzer, analyze_sqlite
+from corral.gateway.sqlite._file import JOURNAL_TABLE
+from corral.gateway.sqlite._plan import ReadPlan, WritePlan
+from corral.gateway.sqlite._tokens import cte_names, tokenize
+from corral.gateway.sqlite._wall import Wall, prewarm
 from corral.kernel._errors import InvalidArgumentError
 from corral.runtime import FakeClock
 from tests.gateway.corpus import shop_sqlite_file
 from tests.gateway.corpus_sqlite import SQLITE_ESCAPES, SQLITE_VALID_READS, sqlite_text
+from tests.gateway.gateway_support import on_thread, sqlite_of
 
 AGENT = "agent-7"
 
@@ -93,10 +90,10 @@ async def test_every_escape_is_refused_or_harmless_and_the_files_are_unchanged(
             wrong.append((escape.sql, escape.expect, got))
         if escape.expect == "write":
             # Had the analysis taken it for a read, the read-only connection refuses it.
-            analysis = await gw._call(gw._engine.analyze, escape.sql, gw.catalog)
+            analysis = await on_thread(gw, "analyze", escape.sql, gw.catalog)
             plan = ReadPlan(analysis.executable, escape.params, agent_sql=True)
             with pytest.raises(GatewayError) as info:
-                await gw._call(gw._engine.read, plan)
+                await on_thread(gw, "read", plan)
             assert info.value.code == "read_only_violation", escape.sql
     assert wrong == []
     assert _state(shop.parent) == before
@@ -109,7 +106,7 @@ async def test_every_valid_read_returns_what_sqlite_returns(gw: SQLiteGateway, s
             result = await gw.query(AGENT, {"sql": read.sql, "params": list(read.params)})
             expected = direct.execute(sqlite_text(read.sql), read.params).fetchall()
             assert [tuple(row.values()) for row in result.rows] == expected, read.sql
-            analysis = gw._engine.analyzer.cached(read.sql, gw.catalog)
+            analysis = sqlite_of(gw).file.analyzer.cached(read.sql, gw.catalog)
             assert analysis is not None
             assert analysis.kind == "read"
             assert set(analysis.tables) == read.tables, read.sql
@@ -327,16 +324,16 @@ async def test_the_wall_refuses_at_run_time_what_analysis_would_have(
     }
     for sql, code in cases.items():
         with pytest.raises(GatewayError) as info:
-            await gw._call(gw._engine.read, ReadPlan(sql, (), agent_sql=True))
+            await on_thread(gw, "read", ReadPlan(sql, (), agent_sql=True))
         assert info.value.code == code, sql
     plan = WritePlan(f"DELETE FROM {JOURNAL_TABLE}", (), agent_sql=True)
     with pytest.raises(GatewayError) as info:
-        await gw._call(gw._engine.write, plan, agent_id=AGENT, key="k", fingerprint="f", now="t")
+        await on_thread(gw, "write", plan, agent_id=AGENT, key="k", fingerprint="f", now="t")
     assert info.value.code == "unknown_table"
-    assert await gw._call(gw._engine.lookup, AGENT, "k") is None
+    assert await on_thread(gw, "lookup", AGENT, "k") is None
     assert _state(shop.parent) == before
     # The gateway's own statements on the same connections are not checked.
-    plain = await gw._call(gw._engine.read, ReadPlan("SELECT count(*) FROM sqlite_master", ()))
+    plain = await on_thread(gw, "read", ReadPlan("SELECT count(*) FROM sqlite_master", ()))
     assert plain.rows[0]["count(*)"] > 0
 
 

@@ -1,18 +1,5 @@
-"""The gateway's current catalog, its own connection, and when the catalog is reloaded.
-
-The catalog is loaded at open, after the journal is created, and the journal's schema is left
-out of it (agents never see or touch the journal). It is reloaded:
-
-- on demand (:meth:`CatalogKeeper.refresh_on_demand`), when a request names a table or
-  column the catalog lacks (the schema may have grown), and when the database answers
-  undefined table/column (it may have shrunk): each sign at most once per ``refresh_s``, so
-  an agent repeating a wrong name costs one reload per interval;
-- by the first request after ``max_age_s`` (None: never), which catches changes nothing
-  signals, such as a changed column type.
-
-Concurrent reloads share one catalog query. An unchanged schema keeps the same ``Catalog``
-object, so analyses cached by its version stay valid.
-"""
+"""The PostgreSQL engine's current catalog, its own connection, and when the catalog is reloaded
+(on demand after a sign of schema change, or when it is too old)."""
 
 from __future__ import annotations
 
@@ -26,8 +13,8 @@ import psycopg
 from corral.gateway._catalog import Catalog
 from corral.gateway._catalog_load import load_postgres_catalog
 from corral.gateway._errors import GatewayError
-from corral.gateway._execute import map_error
-from corral.gateway._journal import JournalName, ensure_journal
+from corral.gateway.postgres._execute import map_error
+from corral.gateway.postgres._journal import JournalName, ensure_journal
 from corral.kernel import Clock
 
 __all__ = ["CatalogKeeper"]

@@ -10,14 +10,20 @@ from typing import Any
 import psycopg
 import pytest
 
-from corral.gateway import _plan, _wire
-from corral.gateway._catalog import Catalog
-from corral.gateway._errors import GatewayError
-from corral.gateway._gateway import Gateway
-from corral.gateway._sql import Analysis, analyze
+from corral.gateway import Catalog, Gateway, GatewayError, analyze
+from corral.gateway.postgres import _plan, _wire
+from corral.gateway.postgres._sql import Analysis
 from corral.runtime import FakeClock
 from tests.gateway.corpus import ESCAPES, VALID_READS
-from tests.gateway.gateway_support import AGENT, checksum, execute, fetch, refused, shop_dsn
+from tests.gateway.gateway_support import (
+    AGENT,
+    checksum,
+    execute,
+    fetch,
+    postgres_of,
+    refused,
+    shop_dsn,
+)
 
 __all__ = ["shop_dsn"]
 
@@ -458,7 +464,7 @@ async def test_statements_past_the_limit_of_a_connection_are_closed(shop_dsn: st
         for n in range(limit + 20):
             assert (await gw.query(AGENT, numbered(n))).rows == [{"id": 1, "n": n}]
         assert (await gw.query(AGENT, numbered(0))).rows == [{"id": 1, "n": 0}]
-        async with gw._pools.lease(AGENT) as lease:
+        async with postgres_of(gw).pools.lease(AGENT) as lease:
             cur = await lease.conn.execute("SELECT count(*) FROM pg_prepared_statements")
             row = await cur.fetchone()
     # The statement evicted by the last request is closed with the next one.

@@ -12,11 +12,13 @@ from typing import Any
 import pytest
 
 from corral.gateway import BreakerPolicy, GatewayError, SQLiteGateway
-from corral.gateway._sqlite_engine import JOURNAL_TABLE, ReadPlan
+from corral.gateway.sqlite._file import JOURNAL_TABLE
+from corral.gateway.sqlite._plan import ReadPlan
 from corral.kernel import SYSTEM_CLOCK
 from corral.kernel._errors import InvalidArgumentError
 from corral.runtime import FakeClock
 from tests.gateway.corpus import SHOP_ROWS, shop_sqlite_file
+from tests.gateway.gateway_support import on_thread
 
 AGENT = "agent-7"
 
@@ -94,7 +96,7 @@ async def test_write_through_the_read_path_fails_and_changes_nothing(shop: Path)
     async with SQLiteGateway.connect(shop, clock=FakeClock()) as gw:
         plan = ReadPlan("UPDATE orders SET status = 'x'", ())
         with pytest.raises(GatewayError) as info:
-            await gw._call(gw._engine.read, plan)
+            await on_thread(gw, "read", plan)
     assert info.value.code == "read_only_violation"
     assert _count(shop, "SELECT count(*) FROM orders WHERE status = 'x'") == 0
 
@@ -106,7 +108,7 @@ async def test_statement_timeout_interrupts_a_long_read(shop: Path) -> None:
     )
     async with SQLiteGateway.connect(shop, statement_timeout_s=0.05, clock=SYSTEM_CLOCK) as gw:
         with pytest.raises(GatewayError) as info:
-            await gw._call(gw._engine.read, slow)
+            await on_thread(gw, "read", slow)
     assert info.value.code == "statement_timeout"
     assert info.value.retryable
     assert "0.05 s" in info.value.message
@@ -161,7 +163,7 @@ async def test_concurrent_same_key_runs_once(shop: Path) -> None:
     assert _count(shop, "SELECT count(*) FROM customers WHERE id = 50") == 1
 
 
-async def test_keys_of_the_old_separate_journal_are_adopted(shop: Path) -> None:
+async def test_keys_journalled_in_flight_are_outcome_unknown(shop: Path) -> None:
     delete = {
         "op": "delete",
         "table": "order_items",
@@ -170,30 +172,21 @@ async def test_keys_of_the_old_separate_journal_are_adopted(shop: Path) -> None:
     }
     async with SQLiteGateway.connect(shop, clock=FakeClock()) as gw:
         assert (await gw.query(AGENT, delete)).row_count == 1
-        stored = await gw._call(gw._engine.lookup, AGENT, "drop-1")
+        stored = await on_thread(gw, "lookup", AGENT, "drop-1")
     assert stored is not None
-    # What an earlier version kept next to the target: one key in flight at a crash (its
-    # write applied), one completed.
+    # One key in flight at a crash (its write applied), one completed.
     conn = sqlite3.connect(shop)
     conn.execute(f"DELETE FROM {JOURNAL_TABLE}")
-    conn.commit()
-    conn.close()
-    legacy = sqlite3.connect(shop.with_name(shop.name + ".corral-journal"))
-    legacy.execute(
-        f"CREATE TABLE {JOURNAL_TABLE} (agent_id TEXT NOT NULL, key TEXT NOT NULL, "
-        "fingerprint TEXT NOT NULL, state TEXT NOT NULL, result TEXT, created_at TEXT NOT NULL, "
-        "completed_at TEXT, PRIMARY KEY (agent_id, key))"
-    )
-    legacy.execute(
+    conn.execute(
         f"INSERT INTO {JOURNAL_TABLE} VALUES (?, 'drop-1', ?, 'in_flight', NULL, 't', NULL)",
         (AGENT, stored.fingerprint),
     )
-    legacy.execute(
+    conn.execute(
         f"INSERT INTO {JOURNAL_TABLE} VALUES (?, 'old', ?, 'completed', ?, 't', 't')",
         (AGENT, "f" * 64, '{"columns":[],"rows":[],"row_count":3,"truncated":false}'),
     )
-    legacy.commit()
-    legacy.close()
+    conn.commit()
+    conn.close()
     async with SQLiteGateway.connect(shop, clock=FakeClock()) as gw:
         assert gw.keys_in_flight_at_open == 1
         error = await _refused(gw, delete)
@@ -203,18 +196,12 @@ async def test_keys_of_the_old_separate_journal_are_adopted(shop: Path) -> None:
         other = await _refused(gw, {**delete, "where": {"order_id": 2}})
         assert other.code == "idempotency_conflict"
         fresh = await gw.query(AGENT, {**delete, "idempotency_key": "drop-1-b"})
-        old = await gw._call(gw._engine.lookup, AGENT, "old")
+        old = await on_thread(gw, "lookup", AGENT, "old")
     assert fresh.row_count == 0  # already applied before the crash
     assert old is not None
     assert old.result is not None
     assert old.result.row_count == 3
     assert _count(shop, "SELECT count(*) FROM order_items") == len(SHOP_ROWS["order_items"][1]) - 1
-    remaining = _count(
-        shop.with_name(shop.name + ".corral-journal"),
-        "SELECT count(*) FROM sqlite_master WHERE name = ?",
-        JOURNAL_TABLE,
-    )
-    assert remaining == 0
 
 
 async def test_refused_write_leaves_no_journal_row(shop: Path) -> None:
@@ -226,7 +213,7 @@ async def test_refused_write_leaves_no_journal_row(shop: Path) -> None:
     }
     async with SQLiteGateway.connect(shop, clock=FakeClock()) as gw:
         assert (await _refused(gw, dup)).code == "constraint_violation"
-        assert await gw._call(gw._engine.lookup, AGENT, "dup") is None
+        assert await on_thread(gw, "lookup", AGENT, "dup") is None
 
 
 async def test_breakers_freeze_on_repeated_unknown_column(shop: Path, tmp_path: Path) -> None:
@@ -474,8 +461,8 @@ async def test_a_sql_write_the_database_refuses_leaves_its_key_free(shop: Path) 
     ) as gw:
         refused = await _refused(gw, dup)
         timed_out = await _refused(gw, slow)
-        assert await gw._call(gw._engine.lookup, AGENT, "k") is None
-        assert await gw._call(gw._engine.lookup, AGENT, "slow") is None
+        assert await on_thread(gw, "lookup", AGENT, "k") is None
+        assert await on_thread(gw, "lookup", AGENT, "slow") is None
         fixed = await gw.query(AGENT, {**dup, "sql": dup["sql"].replace("(1,", "(70,")})
     assert refused.code == "constraint_violation"
     assert "UNIQUE" in refused.message

@@ -1,19 +1,5 @@
-"""One small connection pool per agent, with fail-fast checkout.
-
-Each agent gets its own ``psycopg_pool.AsyncConnectionPool`` (``min_size=0``,
-``max_size=pool_size``), created on the agent's first request, so one agent holding every
-connection it may have cannot slow another agent down.
-
-Checkout never queues behind the agent itself: a lease is counted against the agent's limit
-before the pool is asked, and an agent whose ``pool_size`` leases are all out is refused at
-once with ``pool_exhausted`` (retryable) -- no timer, no wait. Within the limit a connection is
-idle in the pool or can be opened, so the only wait left is opening one (bounded by
-``connect_timeout_s``; a database that does not answer in time is ``database_unavailable``).
-
-:meth:`AgentPools.drain` closes an agent's pool: idle connections close at once, statements the
-agent is running are cancelled on the server, and its leases out close their connections when
-they come back. The agent's next request opens a fresh pool.
-"""
+"""One small connection pool per agent, with fail-fast checkout (``pool_exhausted`` at once,
+never a queue), and the draining of an agent's pool."""
 
 from __future__ import annotations
 

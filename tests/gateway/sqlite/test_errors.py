@@ -10,9 +10,10 @@ import pytest
 
 from corral.daemon import http_status
 from corral.gateway import BreakerPolicy, GatewayError, SQLiteGateway
-from corral.gateway._sqlite_engine import _refusal_code
+from corral.gateway.sqlite._file import _refusal_code
 from corral.runtime import FakeClock
 from tests.gateway.corpus import shop_sqlite_file
+from tests.gateway.gateway_support import on_thread
 
 AGENT = "agent-7"
 
@@ -86,7 +87,7 @@ async def test_refusals_are_classified_by_cause(
     async with SQLiteGateway.connect(shop, clock=FakeClock()) as gw:
         error = await _refused(gw, request_)
         if "idempotency_key" in request_:
-            assert await gw._call(gw._engine.lookup, AGENT, "k") is None  # the key stays free
+            assert await on_thread(gw, "lookup", AGENT, "k") is None  # the key stays free
     assert error.code == code
     assert (http_status(error), error.retryable) == (
         (409 if code == "constraint_violation" else 400),

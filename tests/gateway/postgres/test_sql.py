@@ -10,11 +10,9 @@ import psycopg
 import pytest
 
 from corral.daemon import http_status
+from corral.gateway import Gateway, GatewayError
 from corral.gateway._catalog import Catalog, Column, Table
 from corral.gateway._catalog_load import load_postgres_catalog, load_sqlite_catalog
-from corral.gateway._errors import GatewayError
-from corral.gateway._gateway import Gateway
-from corral.gateway._sql import Analysis, SqlAnalyzer, _parse, analyze
 from corral.gateway._sql_functions import (
     CATALOG_OBJECT_TYPES,
     FORBIDDEN_FUNCTION_PREFIXES,
@@ -22,7 +20,9 @@ from corral.gateway._sql_functions import (
     forbidden_function_reason,
     forbidden_type_reason,
 )
-from corral.gateway._sql_names import Resolver, unwrap
+from corral.gateway.postgres._names import Resolver
+from corral.gateway.postgres._sql import Analysis, SqlAnalyzer, _parse, analyze
+from corral.gateway.postgres._tree import unwrap
 from corral.kernel import InvalidArgumentError
 from tests.gateway.corpus import ESCAPES, VALID_READS, load_shop_postgres, load_shop_sqlite
 

@@ -1,33 +1,5 @@
-"""The thread side of :class:`~._sqlite_gateway.SQLiteGateway`: blocking SQLite calls only.
-
-Everything here runs on the gateway's worker threads, never on the event loop.
-
-Connections. One read-write connection to the target (writes, the journal, recovery), used
-under one lock (SQLite has a single writer anyway); one read-only connection per worker thread
-for reads; one read-only connection for compiling agents' SQL (see :mod:`~._sqlite_sql`),
-under its own lock. Each has a :class:`~._sqlite_sql.Wall` as its authorizer, armed only
-while an agent's SQL statement is compiled or run.
-
-Reads. Reader connections are opened with ``mode=ro`` (and ``PRAGMA query_only``), so the
-engine refuses any write a read might carry (``read_only_violation``). A read fetches at most
-``max_rows + 1`` rows; one that returns none (or counts zero) with a filter is run again in
-one read transaction together with an exact ``EXISTS`` on every table it reads, so rows and
-emptiness verdict come from one snapshot. A progress handler interrupts a statement past the
-statement timeout (``statement_timeout``).
-
-Writes. ``BEGIN IMMEDIATE``; look the key up in the journal (a hit ends the transaction and
-returns what is journalled); run the write; insert the journal row, ``completed``, with the
-result; ``COMMIT``. The journal is the table ``corral_gateway_journal`` in the target itself,
-so the key and the write commit or vanish together: a crash at any point leaves either both
-(the retry is ``replayed``) or neither (the retry runs the write). The table is hidden from
-the catalog and from agents' SQL. A write the engine refuses rolls back with its key.
-
-Crash recovery. A process killed in a write can leave a hot rollback journal next to the
-target, which only a read-write connection may roll back: the engine reads the schema on its
-read-write connection before any reader opens, and a reader that meets a hot journal later
-(``SQLITE_READONLY_ROLLBACK``, another process crashed) has it rolled back the same way and
-retries once.
-"""
+"""The blocking side of the SQLite engine: connections to one file, reads, journalled writes and
+crash recovery. Everything here runs on the engine's worker threads, never on the event loop."""
 
 from __future__ import annotations
 
@@ -35,7 +7,6 @@ import contextlib
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -44,18 +15,17 @@ from corral.gateway._catalog import Catalog
 from corral.gateway._catalog_load import load_sqlite_catalog
 from corral.gateway._errors import GatewayError, database_refusal
 from corral.gateway._journal import StoredResult, decode_result, encode_result
-from corral.gateway._ops import CompiledOperation, quote_identifier
 from corral.gateway._result import GatewayResult, unique_names
-from corral.gateway._sqlite_sql import (
+from corral.gateway.sqlite._analysis import (
     SqliteAnalysis,
     SqliteSqlAnalyzer,
-    Wall,
     compile_error,
     located,
-    prewarm,
 )
+from corral.gateway.sqlite._plan import Journalled, ReadPlan, WritePlan
+from corral.gateway.sqlite._wall import Wall, prewarm
 
-__all__ = ["JOURNAL_TABLE", "Journalled", "ReadPlan", "SQLiteEngine", "WritePlan"]
+__all__ = ["JOURNAL_TABLE", "SQLiteFile"]
 
 JOURNAL_TABLE = "corral_gateway_journal"
 _JOURNAL_SCHEMA = f"""
@@ -76,75 +46,6 @@ _PROGRESS_STEPS = 1000  # SQLite virtual-machine instructions between timeout ch
 _BUSY_TIMEOUT_MS = 5000
 
 
-@dataclass(frozen=True, slots=True)
-class ReadPlan:
-    """A read as the engine runs it.
-
-    ``tables``: the catalog names ``exists_sql`` checks, one ``EXISTS`` column each;
-    ``exists_sql`` is None when an empty answer needs no verdict (no filter).
-    ``count_op``: a structured ``count``, whose zero counts as empty. ``agent_sql``: the
-    statement is an agent's SQL, run with the connection's wall armed.
-    """
-
-    sql: str
-    params: tuple[Any, ...]
-    tables: tuple[str, ...] = ()
-    exists_sql: str | None = None
-    count_op: bool = False
-    agent_sql: bool = False
-    ctes: frozenset[str] = frozenset()
-
-    @classmethod
-    def of(cls, compiled: CompiledOperation) -> ReadPlan:
-        return cls(
-            compiled.sql,
-            compiled.params,
-            (compiled.table,),
-            compiled.exists_sql if compiled.filtered else None,
-            compiled.op == "count",
-        )
-
-    @classmethod
-    def of_sql(
-        cls, analysis: SqliteAnalysis, params: tuple[Any, ...], catalog: Catalog
-    ) -> ReadPlan:
-        names = tuple(catalog.tables[key].name for key in analysis.tables if key in catalog.tables)
-        exists = None
-        if analysis.filtered and names:
-            checks = ", ".join(
-                f"EXISTS (SELECT 1 FROM {quote_identifier(name, 'sqlite')})" for name in names
-            )
-            exists = f"SELECT {checks}"
-        return cls(analysis.executable, params, names, exists, False, True, analysis.ctes)
-
-
-@dataclass(frozen=True, slots=True)
-class WritePlan:
-    """A write as the engine runs it; ``agent_sql`` as for :class:`ReadPlan`."""
-
-    sql: str
-    params: tuple[Any, ...]
-    agent_sql: bool = False
-    ctes: frozenset[str] = frozenset()
-
-    @classmethod
-    def of(cls, compiled: CompiledOperation) -> WritePlan:
-        return cls(compiled.sql, compiled.params)
-
-    @classmethod
-    def of_sql(cls, analysis: SqliteAnalysis, params: tuple[Any, ...]) -> WritePlan:
-        return cls(analysis.executable, params, True, analysis.ctes)
-
-
-@dataclass(frozen=True, slots=True)
-class Journalled:
-    """What the journal holds for a key: nothing ran."""
-
-    fingerprint: str
-    state: str
-    result: StoredResult | None
-
-
 def _columns(cursor: sqlite3.Cursor) -> tuple[str, ...]:
     return unique_names([str(d[0]) for d in cursor.description or ()])
 
@@ -154,20 +55,18 @@ def _hide(catalog: Catalog) -> Catalog:
     return Catalog(tables=tables, version=catalog.version, dialect=catalog.dialect)
 
 
-class SQLiteEngine:
-    """Blocking access to one SQLite target; see the module docstring."""
+class SQLiteFile:
+    """Blocking access to one SQLite target (docs/architecture.md, seed 003, tells how)."""
 
     def __init__(
         self,
         path: Path,
-        journal_path: Path,
         *,
         statement_timeout_s: float,
         max_rows: int,
         monotonic: Callable[[], float],
     ) -> None:
         self.path = path
-        self.journal_path = journal_path  # where keys were kept before they moved to the target
         self._timeout_s = statement_timeout_s
         self._max_rows = max_rows
         self._monotonic = monotonic
@@ -189,13 +88,9 @@ class SQLiteEngine:
 
     # --- lifecycle (worker thread) -----------------------------------------------------------
 
-    def open(self) -> tuple[Catalog, int]:
-        """Open the target; the catalog and the count of keys journalled in flight.
-
-        Creates the journal table when the target is writable, and moves keys journalled
-        by earlier versions in ``journal_path`` into it. Raises
-        ``GatewayError("database_unavailable")``.
-        """
+    def open(self) -> int:
+        """Open the target; the count of keys journalled in flight. Creates the journal table
+        when the target is writable. Raises ``GatewayError("database_unavailable")``."""
         if not self.path.is_file():
             raise GatewayError(
                 "database_unavailable",
@@ -217,12 +112,10 @@ class SQLiteEngine:
             self._target_wall.hidden = self._analysis_wall.hidden = self._hidden
             target.set_authorizer(self._target_wall)
             self._create_journal(target)
-            self._adopt_legacy_keys(target)
             analysis = self._connect_read_only(cached_statements=0)
             self._analysis = analysis
             analysis.set_authorizer(self._analysis_wall)
-            in_flight = self._in_flight(target)
-            return self.load_catalog(), in_flight
+            return self._in_flight(target)
         except sqlite3.Error as exc:
             self.close()
             raise _unavailable(self.path, exc) from None
@@ -236,28 +129,6 @@ class SQLiteEngine:
                 raise
             # A target that cannot be written: reads work; a write fails as it runs.
 
-    def _adopt_legacy_keys(self, target: sqlite3.Connection) -> None:
-        if not self._journal_ready or not self.journal_path.is_file():
-            return
-        legacy = sqlite3.connect(self.journal_path, isolation_level=None)
-        try:
-            found = legacy.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (JOURNAL_TABLE,)
-            ).fetchone()
-            if found is None:
-                return
-            rows = legacy.execute(f"SELECT {_JOURNAL_COLUMNS} FROM {JOURNAL_TABLE}").fetchall()
-            with self._transaction(target):
-                target.executemany(
-                    f"INSERT OR IGNORE INTO {JOURNAL_TABLE} ({_JOURNAL_COLUMNS}) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    rows,
-                )
-            # Dropped only once the target holds the keys: a crash in between copies again.
-            legacy.execute(f"DROP TABLE {JOURNAL_TABLE}")
-        finally:
-            legacy.close()
-
     def _in_flight(self, target: sqlite3.Connection) -> int:
         if not self._journal_ready:
             return 0
@@ -265,6 +136,13 @@ class SQLiteEngine:
             f"SELECT count(*) FROM {JOURNAL_TABLE} WHERE state = 'in_flight'"
         ).fetchone()
         return int(row[0])
+
+    def first_catalog(self) -> Catalog:
+        """:meth:`load_catalog` at open; raises ``GatewayError("database_unavailable")``."""
+        try:
+            return self.load_catalog()
+        except sqlite3.Error as exc:
+            raise _unavailable(self.path, exc) from None
 
     def load_catalog(self) -> Catalog:
         """Read the catalog (the journal hidden) and make it the one agents' SQL is checked
@@ -294,7 +172,7 @@ class SQLiteEngine:
     # --- analysis ---------------------------------------------------------------------------
 
     def analyze(self, sql: str, catalog: Catalog) -> SqliteAnalysis:
-        """Analyse an agent's SQL (cached); see :func:`~._sqlite_sql.analyze_sqlite`."""
+        """Analyse an agent's SQL (cached); see :func:`~._analysis.analyze_sqlite`."""
         with self._analysis_lock:
             conn = self._analysis
             if conn is None:

@@ -9,9 +9,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from corral.gateway._errors import GatewayError
-from corral.gateway._gateway import Gateway
-from corral.gateway._pools import AgentPools
+from corral.gateway import Gateway, GatewayError
+from corral.gateway.postgres._pools import AgentPools
 from tests.gateway.gateway_support import fetch, shop_dsn
 from tests.support.polling import settle
 

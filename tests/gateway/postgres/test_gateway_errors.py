@@ -9,10 +9,9 @@ import psycopg
 import pytest
 
 from corral.daemon import http_status
-from corral.gateway import BreakerPolicy
+from corral.gateway import BreakerPolicy, Gateway
 from corral.gateway._errors import CODES, database_refusal, sqlstate_code
-from corral.gateway._execute import map_error
-from corral.gateway._gateway import Gateway
+from corral.gateway.postgres._execute import map_error
 from tests.gateway.gateway_support import AGENT, execute, fetch, refused, shop_dsn
 
 __all__ = ["shop_dsn"]

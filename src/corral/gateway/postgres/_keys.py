@@ -1,18 +1,5 @@
-"""Keyed writes: each (agent, idempotency key) runs its work once, whatever the retries.
-
-Order of checks for a write with key ``k`` and fingerprint ``f``:
-
-1. ``k`` completed in this process (an LRU of ``replay_cache_size`` results): same ``f`` ->
-   ``replayed`` (nothing sent to the database), another -> ``idempotency_conflict``.
-2. ``k`` running in this process: another ``f`` -> ``idempotency_conflict`` at once; the same
-   ``f`` waits up to ``key_wait_s`` (the gateway's clock) for the outcome, then starts over at
-   1, or answers ``idempotency_in_progress`` (retryable).
-3. Otherwise the write runs with its journal row (:func:`~._execute.run_write`). A key
-   another process holds (its advisory lock, taken for the write's transaction) is waited for
-   up to ``key_wait_s`` in the database, then ``idempotency_in_progress``; a key already
-   journalled is read back: completed with the same ``f`` -> ``replayed``, another ``f`` ->
-   ``idempotency_conflict``, never completed -> ``outcome_unknown``.
-"""
+"""Keyed writes on PostgreSQL: each (agent, idempotency key) runs its work once, whatever the
+retries, in this process or another."""
 
 from __future__ import annotations
 
@@ -25,10 +12,12 @@ from typing import Any
 import psycopg
 
 from corral.gateway._errors import GatewayError
-from corral.gateway._execute import KeyTaken, Plan, map_error, run_write
-from corral.gateway._journal import JournalName, StoredResult, decode_result
-from corral.gateway._pools import AgentPools, Lease
+from corral.gateway._journal import StoredResult, decode_result
 from corral.gateway._result import GatewayResult
+from corral.gateway.postgres._execute import Plan, map_error
+from corral.gateway.postgres._journal import JournalName
+from corral.gateway.postgres._pools import AgentPools, Lease
+from corral.gateway.postgres._write import KeyTaken, run_write
 from corral.kernel import Clock
 
 __all__ = ["KeyedWrites"]
@@ -43,7 +32,8 @@ class _InFlight:
 
 
 class KeyedWrites:
-    """The idempotency side of the gateway (see the module docstring). One event loop."""
+    """The idempotency side of the PostgreSQL engine (docs/architecture.md, seed 003, gives the
+    order of checks). One event loop."""
 
     def __init__(
         self,
