@@ -8,7 +8,7 @@ from typing import Any
 
 from corral.gateway._errors import GatewayError
 
-__all__ = ["MAX_KEY_LENGTH", "invalid", "request_key", "request_text"]
+__all__ = ["MAX_KEY_LENGTH", "check_param_count", "invalid", "request_key", "request_text"]
 
 MAX_KEY_LENGTH = 256
 
@@ -31,6 +31,20 @@ def request_key(request: Mapping[str, Any], name: str) -> str | None:
     if not isinstance(value, str) or not value or len(value) > MAX_KEY_LENGTH:
         raise invalid(name, value, f"a non-empty string of at most {MAX_KEY_LENGTH} characters")
     return value
+
+
+def check_param_count(expected: int, given: int) -> None:
+    """``invalid_operation`` unless a statement whose highest placeholder is ``$expected``
+    gets ``given`` parameters, as many."""
+    if expected != given:
+        raise GatewayError(
+            "invalid_operation",
+            f"the statement's highest placeholder is ${expected}, so params must hold "
+            f"{expected} value(s); it holds {given}",
+            key="params",
+            value=given,
+            expected=expected,
+        )
 
 
 def request_text(request: Any) -> str:

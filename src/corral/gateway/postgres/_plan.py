@@ -11,10 +11,9 @@ from typing import Any, Literal
 from psycopg.types.json import Jsonb
 
 from corral.gateway._catalog import Catalog, Table
-from corral.gateway._errors import GatewayError
 from corral.gateway._journal import fingerprint
 from corral.gateway._ops import compile_operation
-from corral.gateway._request import invalid, request_key
+from corral.gateway._request import check_param_count, invalid, request_key
 from corral.gateway.postgres._execute import Plan
 from corral.gateway.postgres._journal import quote_name
 from corral.gateway.postgres._sql import Analysis, analyze
@@ -156,15 +155,7 @@ def _plan_sql(request: Mapping[str, Any], catalog: Catalog) -> Planned:
     key, plan_hash = request_key(request, "idempotency_key"), request_key(request, "plan_hash")
     shape = _shape(sql, catalog)
     analysis = shape.analysis
-    if analysis.param_count != len(params):
-        raise GatewayError(
-            "invalid_operation",
-            f"the statement's highest placeholder is ${analysis.param_count}, so params must "
-            f"hold {analysis.param_count} value(s); it holds {len(params)}",
-            key="params",
-            value=len(params),
-            expected=analysis.param_count,
-        )
+    check_param_count(analysis.param_count, len(params))
     plan = Plan(
         kind=analysis.kind,
         sql=sql,

@@ -16,7 +16,7 @@ from corral.gateway._catalog import Catalog
 from corral.gateway._errors import GatewayError
 from corral.gateway._journal import fingerprint
 from corral.gateway._ops import compile_operation
-from corral.gateway._request import request_key
+from corral.gateway._request import check_param_count, request_key
 from corral.gateway._result import GatewayResult
 from corral.gateway.sqlite._analysis import SqliteAnalysis
 from corral.gateway.sqlite._file import SQLiteFile
@@ -208,15 +208,7 @@ class SQLiteEngine:
         params = bind_params(request.get("params"))
         key, plan_hash = request_key(request, "idempotency_key"), request_key(request, "plan_hash")
         analysis = await self._analysis(sql, catalog)
-        if analysis.param_count != len(params):
-            raise GatewayError(
-                "invalid_operation",
-                f"the statement's highest placeholder is ${analysis.param_count}, so params "
-                f"must hold {analysis.param_count} value(s); it holds {len(params)}",
-                key="params",
-                value=len(params),
-                expected=analysis.param_count,
-            )
+        check_param_count(analysis.param_count, len(params))
         raw = tuple(request.get("params") or ())
         if analysis.kind == "read":
             plan: ReadPlan | WritePlan = ReadPlan.of_sql(analysis, params, catalog)
