@@ -21,6 +21,7 @@ from corral.gateway import (
     BreakerPolicy,
     Freeze,
     FreezeJournal,
+    GatewayError,
     PostgresFreezeJournal,
     Reinstatement,
     RequestOutcome,
@@ -28,7 +29,7 @@ from corral.gateway import (
 )
 from corral.gateway._breaker import _MAX_REQUEST_CHARS, Breakers
 from corral.gateway._breaker_records import OUTCOME_SIGNALS, SIGNALS, Signal, record_from_dict
-from corral.gateway._errors import CODES, GatewayError
+from corral.gateway._errors import CODES
 from corral.kernel import InvalidArgumentError, UsageError
 from corral.runtime import FakeClock
 

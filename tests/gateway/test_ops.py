@@ -13,10 +13,10 @@ import psycopg
 import pytest
 
 from corral.daemon import http_status
-from corral.gateway import GatewayError
+from corral.gateway import GatewayError, compile_operation
 from corral.gateway._catalog import Catalog, Column, Table
 from corral.gateway._catalog_load import load_postgres_catalog, load_sqlite_catalog
-from corral.gateway._ops import MAX_PARAMS, CompiledOperation, compile_operation, quote_identifier
+from corral.gateway._ops import MAX_PARAMS, CompiledOperation, quote_identifier
 from corral.kernel import InvalidArgumentError
 
 ODD = 'Order "Items" %x'  # spaces, a double quote, upper case and a psycopg placeholder sign

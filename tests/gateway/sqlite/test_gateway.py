@@ -14,8 +14,7 @@ import pytest
 from corral.gateway import BreakerPolicy, GatewayError, SQLiteGateway
 from corral.gateway.sqlite._file import JOURNAL_TABLE
 from corral.gateway.sqlite._plan import ReadPlan
-from corral.kernel import SYSTEM_CLOCK
-from corral.kernel._errors import InvalidArgumentError
+from corral.kernel import SYSTEM_CLOCK, InvalidArgumentError
 from corral.runtime import FakeClock
 from tests.gateway.corpus import SHOP_ROWS, shop_sqlite_file
 from tests.gateway.gateway_support import on_thread

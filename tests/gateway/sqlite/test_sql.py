@@ -17,7 +17,7 @@ from corral.gateway.sqlite._file import JOURNAL_TABLE
 from corral.gateway.sqlite._plan import ReadPlan, WritePlan
 from corral.gateway.sqlite._tokens import cte_names, tokenize
 from corral.gateway.sqlite._wall import Wall, prewarm
-from corral.kernel._errors import InvalidArgumentError
+from corral.kernel import InvalidArgumentError
 from corral.runtime import FakeClock
 from tests.gateway.corpus import shop_sqlite_file
 from tests.gateway.corpus_sqlite import SQLITE_ESCAPES, SQLITE_VALID_READS, sqlite_text
