@@ -1,0 +1,125 @@
+"""Commands on agents: spawn, list, show, prompt, stop, and an agent's inbox."""
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from corral.cli._calls import call, refusals
+from corral.cli._options import AgentArg, ByOpt, JsonOpt, KeyOpt, WhyOpt, target
+from corral.cli._output import cell, print_json, print_table, state, stdout
+
+
+def spawn(
+    ctx: typer.Context,
+    spec: Annotated[str, typer.Argument(help="The spec file (JSON), or - for stdin.")],
+    key: KeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create an agent from a JSON spec."""
+    with refusals():
+        data = _load_spec(spec)
+    agent = call(target(ctx), lambda api: api.spawn(data, idempotency_key=key))
+    if as_json:
+        print_json(agent)
+        return
+    stdout().print(
+        f"{cell(agent['id'])}  {cell(agent.get('name', ''))}  {state(agent.get('state'))}"
+    )
+
+
+def agents(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Every agent, as a table."""
+    found = call(target(ctx), lambda api: api.list_agents())
+    if as_json:
+        print_json(found)
+        return
+    print_table("agents", found, ["id", "name", "state", "reason", "turns", "parent"])
+
+
+def show(ctx: typer.Context, agent_id: AgentArg, as_json: JsonOpt = False) -> None:
+    """One agent's record."""
+    agent = call(target(ctx), lambda api: api.get(agent_id))
+    if as_json:
+        print_json(agent)
+        return
+    table = Table("field", "value", show_header=False, title=f"agent {cell(agent.get('id'))}")
+    for name, value in agent.items():
+        if name == "spec":
+            continue
+        table.add_row(cell(name), state(value) if name == "state" else cell(value))
+    table.add_row("spec", cell(agent.get("spec")))
+    stdout().print(table)
+
+
+def prompt(
+    ctx: typer.Context,
+    agent_id: AgentArg,
+    text: Annotated[
+        str | None, typer.Argument(help="The prompt; without it the last one is re-sent.")
+    ] = None,
+    by: ByOpt = None,
+    why: WhyOpt = None,
+    key: KeyOpt = None,
+) -> None:
+    """Start a turn of an idle or blocked agent (resolves a blocked agent's decision)."""
+    answer = call(
+        target(ctx),
+        lambda api: api.prompt(agent_id, text, by=by, why=why, idempotency_key=key),
+    )
+    stdout().print(
+        f"{answer.get('id', agent_id)}: {answer.get('accepted', 'prompt')} accepted",
+        markup=False,
+    )
+
+
+def stop(
+    ctx: typer.Context,
+    agent_id: AgentArg,
+    by: ByOpt = None,
+    why: WhyOpt = None,
+    key: KeyOpt = None,
+) -> None:
+    """End an agent (a turn in flight is cancelled)."""
+    answer = call(target(ctx), lambda api: api.stop(agent_id, by=by, why=why, idempotency_key=key))
+    stdout().print(f"{answer.get('id', agent_id)}: stop accepted", markup=False)
+
+
+def inbox(ctx: typer.Context, agent_id: AgentArg, as_json: JsonOpt = False) -> None:
+    """The notices sent to an agent by its children."""
+    notices = call(target(ctx), lambda api: api.inbox(agent_id))
+    if as_json:
+        print_json(notices)
+        return
+    table = Table("id", "from", "kind", "state", "detail", title=f"inbox of {cell(agent_id)}")
+    for n in notices:
+        detail = n.get("reason") or n.get("error") or n.get("output") or ""
+        who = f"{n.get('fromName', '')} ({n.get('from', '')})".strip()
+        table.add_row(
+            cell(n.get("id")), who, cell(n.get("kind")), cell(n.get("state")), cell(detail)
+        )
+    stdout().print(table)
+
+
+def _load_spec(path: str) -> dict[str, Any]:
+    """The JSON object in the file at ``path`` (``-``: stdin); InvalidSpecError otherwise."""
+    from corral.daemon._errors import InvalidSpecError
+
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidSpecError(
+            [{"field": "(file)", "message": f"cannot read {path}: {exc.strerror or exc}"}]
+        ) from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise InvalidSpecError(
+            [{"field": "(file)", "message": f"{path} is not JSON: {exc}"}]
+        ) from None
+    if not isinstance(data, dict):
+        raise InvalidSpecError([{"field": "(file)", "message": f"{path} must hold a JSON object"}])
+    return data

@@ -1,0 +1,59 @@
+"""The ``corral`` application: which commands it has, in the order ``--help`` lists them.
+
+A new command is a module-level function in the module of its concept (``_agents``,
+``_events``, ``_daemon``, ``_gateway``) plus one entry in ``build_app``.
+"""
+
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import typer
+
+INSTALL_HINT = (
+    "the corral command needs the daemon extra (typer, rich, fastapi, uvicorn, mcp): "
+    "pip install 'corral[daemon]'"
+)
+
+
+def build_app() -> "typer.Typer":
+    """The ``corral`` typer application. Raises ImportError without typer and rich."""
+    # Imported here, not at the top: the command modules need typer and rich, which
+    # ``main`` must be able to report missing.
+    import typer
+
+    from corral.cli import _agents, _daemon, _events, _gateway, _options
+
+    app = typer.Typer(
+        name="corral",
+        help="Agents under supervision: run the daemon, spawn, prompt, stop, watch, decide.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+    app.callback()(_options.root)
+    for command in (
+        _daemon.serve,
+        _agents.spawn,
+        _agents.agents,
+        _agents.show,
+        _agents.prompt,
+        _agents.stop,
+        _events.events,
+        _agents.inbox,
+        _events.decisions,
+        _daemon.mcp,
+    ):
+        app.command()(command)
+    app.add_typer(_gateway.app, name="gateway")
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The ``corral`` console script."""
+    try:
+        app = build_app()
+    except ImportError:
+        print(f"corral: {INSTALL_HINT}", file=sys.stderr)
+        raise SystemExit(1) from None
+    app(args=argv, prog_name="corral")

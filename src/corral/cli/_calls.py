@@ -1,0 +1,67 @@
+"""How a command reaches the daemon, and how a refusal ends it (message and exit code).
+
+Imports no typer, rich or httpx until a command runs: the package's ``__init__`` uses it.
+"""
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, NoReturn, TypeVar
+
+from corral.cli._output import stderr
+from corral.kernel import CorralError, UsageError
+
+if TYPE_CHECKING:
+    from corral.daemon._client import HttpApi
+
+DEFAULT_URL = "http://127.0.0.1:4600"
+
+T = TypeVar("T")
+
+
+class Target:
+    """The daemon the global options point at: ``--url`` and ``--token``."""
+
+    __slots__ = ("token", "url")
+
+    def __init__(self, url: str, token: str | None) -> None:
+        self.url = url
+        self.token = token
+
+
+def exit_code(error: CorralError) -> int:
+    """2 for a usage error or a 4xx answer, 1 for anything else."""
+    from corral.daemon._status import http_status
+
+    status = http_status(error)
+    return 2 if isinstance(error, UsageError) or 400 <= status < 500 else 1
+
+
+def fail(error: CorralError) -> NoReturn:
+    """Print ``error <code>: <message>`` on stderr and exit with ``exit_code(error)``."""
+    import typer
+
+    stderr().print(f"error {error.code}: {error.message}", markup=False, highlight=False)
+    raise typer.Exit(exit_code(error))
+
+
+@contextmanager
+def refusals() -> Iterator[None]:
+    """A ``CorralError`` raised inside ends the command through ``fail``."""
+    try:
+        yield
+    except CorralError as exc:
+        fail(exc)
+
+
+def call(target: Target, work: Callable[["HttpApi"], Awaitable[T]]) -> T:
+    """Run ``work`` with a client of the daemon at ``target``; a refusal ends the command."""
+    from corral.daemon._client import HttpApi
+
+    async def run() -> T:
+        async with HttpApi(target.url, token=target.token) as api:
+            return await work(api)
+
+    with refusals():
+        return asyncio.run(run())
+    raise AssertionError("unreachable")  # pragma: no cover - refusals exits

@@ -1,0 +1,84 @@
+"""Commands that run a daemon's parts in this process: ``serve`` and ``mcp``."""
+
+import asyncio
+from collections.abc import Iterable
+from contextlib import suppress
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from corral.cli._calls import refusals
+from corral.cli._options import target
+from corral.kernel import InvalidArgumentError
+
+
+def serve(
+    ctx: typer.Context,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 4600,
+    store: Annotated[
+        str | None,
+        typer.Option(help="sqlite:///PATH or postgresql://... (default: SQLite in .corral/)"),
+    ] = None,
+    home: Annotated[
+        Path | None, typer.Option(help="Where agents' working directories live.")
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            envvar="CORRAL_TOKEN",
+            help="Bearer token every request must carry (required off loopback).",
+        ),
+    ] = None,
+    db: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--db",
+            help="A database agents reach through the gateway, as NAME=DSN "
+            "(postgresql://..., sqlite:///PATH); repeat for several.",
+        ),
+    ] = None,
+) -> None:
+    """Run the daemon until interrupted."""
+    from corral.daemon._databases import parse_db_option
+    from corral.daemon._server import ServeConfig, log_to_stderr
+    from corral.daemon._server import serve as run_server
+
+    config: dict[str, Any] = {"host": host, "port": port, "token": token or target(ctx).token}
+    with refusals():
+        config["databases"] = _databases(parse_db_option(item) for item in db or [])
+    if store is not None:
+        config["store"] = store
+    if home is not None:
+        config["home"] = home
+    with refusals(), suppress(KeyboardInterrupt):
+        server_config = ServeConfig(**config)
+        log_to_stderr()
+        asyncio.run(run_server(server_config))
+
+
+def mcp(ctx: typer.Context) -> None:
+    """Serve the MCP tools on stdin/stdout, talking to the daemon at --url."""
+    from corral.daemon._client import HttpApi
+    from corral.daemon._mcp import run_stdio
+
+    conn = target(ctx)
+
+    async def run() -> None:
+        async with HttpApi(conn.url, token=conn.token) as api:
+            await run_stdio(api)
+
+    with refusals():
+        asyncio.run(run())
+
+
+def _databases(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """``--db`` pairs as a mapping; a name given twice is refused."""
+    found: dict[str, str] = {}
+    for name, dsn in pairs:
+        if name in found:
+            raise InvalidArgumentError("--db", "NAME", "a name given once", name)
+        found[name] = dsn
+    return found

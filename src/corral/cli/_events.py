@@ -1,0 +1,96 @@
+"""Commands that watch the daemon: the event log, and what waits on a person."""
+
+import asyncio
+import json
+from contextlib import suppress
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.text import Text
+
+from corral.cli._calls import call, refusals
+from corral.cli._options import JsonOpt, target
+from corral.cli._output import print_json, print_table, stderr, stdout
+
+if TYPE_CHECKING:
+    from corral.daemon._client import HttpApi
+
+
+def events(
+    ctx: typer.Context,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep streaming new events.")
+    ] = False,
+    agent: Annotated[str | None, typer.Option(help="Only this agent's events.")] = None,
+    after: Annotated[
+        int | None, typer.Option(min=0, help="Only events with a greater seq.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object a line.")] = False,
+) -> None:
+    """The event log; with --follow, then live events (resumes across reconnects)."""
+    conn = target(ctx)
+    console = stdout()
+
+    def emit(event: Any) -> None:
+        if as_json:
+            print(json.dumps(event.to_dict(), default=str), flush=True)
+            return
+        line = Text.assemble(
+            f"{event.seq:>6}  ",
+            (event.ts, "dim"),
+            "  ",
+            (event.type, "bold"),
+            f"  {event.agent_id or '-'}  ",
+            json.dumps(event.data, separators=(",", ":"), default=str),
+        )
+        # One line an event; --json has every field in full.
+        console.print(line, no_wrap=True, overflow="ellipsis", crop=True)
+
+    if follow:
+        from corral.daemon._client import follow_events
+
+        async def stream() -> None:
+            async for event in follow_events(
+                conn.url, after, agent, token=conn.token, max_reconnects=None
+            ):
+                emit(event)
+
+        with refusals(), suppress(KeyboardInterrupt):
+            asyncio.run(stream())
+        return
+
+    async def page_all(api: "HttpApi") -> None:
+        cursor = after or 0
+        while True:
+            page = await api.events(cursor, agent)
+            for event in page:
+                emit(event)
+                cursor = event.seq
+            if len(page) < 1000:
+                return
+
+    call(conn, page_all)
+
+
+def decisions(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Everything waiting on a person, oldest first."""
+    waiting = call(target(ctx), lambda api: api.decisions())
+    if as_json:
+        print_json(waiting)
+        return
+    kinds = {d.get("kind") for d in waiting}
+    extra = ["target"] if "gateway_frozen" in kinds else []
+    print_table(
+        "decisions",
+        waiting,
+        ["agentId", "name", "kind", *extra, "reason", "error", "since"],
+        headers={"agentId": "agent"},
+    )
+    if "agent_blocked" in kinds:
+        stderr().print(
+            "resolve with: corral prompt ID [TEXT] --by NAME --why REASON, or corral stop ID"
+        )
+    if "gateway_frozen" in kinds:
+        stderr().print(
+            "reinstate with: corral gateway reinstate ID --target DB --by NAME --reason WHY"
+        )

@@ -1,0 +1,42 @@
+"""The global options (``--url``, ``--token``) and the options several commands share.
+
+Imports typer at the top (typer reads these annotations): only ``build_app`` and the command
+modules import it.
+"""
+
+# No ``from __future__ import annotations`` here or in the command modules: typer reads
+# the annotations of the commands when ``build_app`` registers them.
+
+from typing import Annotated
+
+import typer
+
+from corral.cli._calls import DEFAULT_URL, Target
+
+UrlOpt = Annotated[
+    str,
+    typer.Option("--url", envvar="CORRAL_URL", help="The daemon's base URL."),
+]
+TokenOpt = Annotated[
+    str | None,
+    typer.Option("--token", envvar="CORRAL_TOKEN", help="Bearer token for the daemon."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+AgentArg = Annotated[str, typer.Argument(help="The agent's id, like a_1f2e3d4c.")]
+KeyOpt = Annotated[
+    str | None,
+    typer.Option("--key", help="Idempotency key: a retry with it is not applied twice."),
+]
+ByOpt = Annotated[str | None, typer.Option("--by", help="Who decides (recorded).")]
+WhyOpt = Annotated[str | None, typer.Option("--why", help="Why (recorded).")]
+
+
+def root(ctx: typer.Context, url: UrlOpt = DEFAULT_URL, token: TokenOpt = None) -> None:
+    ctx.obj = Target(url, token or None)
+
+
+def target(ctx: typer.Context) -> Target:
+    """The daemon the global options of this invocation point at."""
+    obj = ctx.find_root().obj
+    assert isinstance(obj, Target)
+    return obj
