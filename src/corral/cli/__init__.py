@@ -1,11 +1,5 @@
-"""The ``corral`` command: run the daemon, and talk to a running one over HTTP.
-
-Every command but ``serve`` talks to the daemon at ``--url`` (default
-http://127.0.0.1:4600, or ``CORRAL_URL``) with the bearer ``--token`` (or ``CORRAL_TOKEN``).
-A refusal prints ``error <code>: <message>`` on stderr and exits 2 for a usage error or a
-4xx answer, 1 otherwise. Needs the ``daemon`` extra (typer, rich): ``pip install
-'corral[daemon]'``.
-"""
+"""The ``corral`` command: run the daemon, and talk to a running one over HTTP (``--url``,
+``--token``; refusals and exit codes as docs/daemon.md says). Needs the ``daemon`` extra."""
 
 # Importing this package costs no typer, rich or httpx: ``main`` reports a missing extra
 # instead of a traceback, and ``build_app`` imports the command modules when called.

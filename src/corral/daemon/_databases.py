@@ -1,19 +1,6 @@
-"""The databases the daemon fronts through the gateway, by name (``corral serve --db NAME=DSN``).
-
-Each target is a :class:`corral.gateway.Gateway` (on PostgreSQL or a SQLite file), opened
-when the daemon starts and closed when it stops. :class:`Databases` answers in the HTTP API's
-JSON (camelCase keys; rows with JSON values: decimals as strings, times as ISO 8601, bytes as
-base64), and keeps the daemon's event log told: a freeze (each gateway's ``on_freeze`` hook)
-is logged as ``gateway.agent_frozen`` (with a notice in the parent's inbox when the agent is
-one of the daemon's), a reinstatement made through the daemon as ``decision.resolved`` with
-who and why.
-
-Freezes themselves live in each gateway's journal, so ``decisions()`` reads them from the
-gateways and they survive restarts whatever the event log holds.
-
-The gateway's modules (psycopg, postgast) are imported only when a target is opened: a
-daemon with no ``--db`` needs no more than the ``daemon`` extra.
-"""
+"""The databases the daemon fronts through the gateway, by name (``corral serve --db NAME=DSN``):
+each a :class:`corral.gateway.Gateway`, answered in the HTTP API's JSON, its freezes and
+reinstatements told to the event log (see "Through the daemon" in docs/architecture.md)."""
 
 from __future__ import annotations
 

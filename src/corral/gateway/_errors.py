@@ -1,11 +1,7 @@
-"""The gateway's refusals and failures: one ``GatewayError`` with a stable code each.
-
-A statement the database refused is classified by its cause (:func:`sqlstate_code`): bad data
-in the request (``invalid_data``), a broken constraint (``constraint_violation``), neither
-retryable, since the same request fails the same way; a conflict with a concurrent
-transaction (``transaction_conflict``, retryable); anything else is ``database_error``.
-:func:`database_refusal` words them alike on every engine.
-"""
+"""The gateway's refusals and failures: one ``GatewayError`` with a stable code each, and
+:func:`sqlstate_code` / :func:`database_refusal`, which classify and word alike on every
+engine what the database itself refused (bad data, a broken constraint, a conflict with a
+concurrent transaction, anything else)."""
 
 from __future__ import annotations
 
