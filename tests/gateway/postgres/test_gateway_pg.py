@@ -119,6 +119,28 @@ async def test_the_journal_is_invisible_to_agents(shop_dsn: str) -> None:
         assert error.code == "unknown_table"
 
 
+async def test_a_keyed_write_cannot_reach_the_gateways_own_sequences(shop_dsn: str) -> None:
+    seq = "corral.corral_breaker_records_seq_seq"
+    async with Gateway.connect(shop_dsn) as gw:
+        await gw.freeze("agent-1", "first", by="ops")
+        (before,) = fetch(shop_dsn, f"SELECT last_value, is_called FROM {seq}")
+        for n, sql in enumerate(
+            (
+                f"SELECT setval('{seq}', 9223372036854775807)",
+                f"SELECT nextval('{seq}')",
+                f"SELECT nextval('{seq.upper()}'::text)",
+            )
+        ):
+            error = await refused(gw, {"sql": sql, "idempotency_key": f"k{n}"})
+            assert error.code == "unknown_table", sql
+            assert error.details["table"] == seq
+        assert fetch(shop_dsn, f"SELECT last_value, is_called FROM {seq}") == [before]
+        # Freezes are still recorded, and survive a restart.
+        await gw.freeze("agent-2", "second", by="ops")
+    async with Gateway.connect(shop_dsn) as gw:
+        assert set(gw.frozen_agents()) == {"agent-1", "agent-2"}
+
+
 # --- escapes and the read-only backstop ------------------------------------------------------
 
 

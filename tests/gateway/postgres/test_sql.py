@@ -75,7 +75,13 @@ def shop_catalog(version: str = "shop-v1") -> Catalog:
             ("attrs", "jsonb", False, False),
         ),
     ]
-    return Catalog({t.name: t for t in tables}, version, "postgresql")
+    sequence = _table(
+        "invoice_numbers",
+        ("last_value", "bigint", False, False),
+        ("log_cnt", "bigint", False, False),
+        ("is_called", "boolean", False, False),
+    )
+    return Catalog({t.name: t for t in tables}, version, "postgresql", {sequence.name: sequence})
 
 
 SHOP = shop_catalog()
@@ -142,6 +148,9 @@ async def test_corpora_against_the_catalog_loaded_from_postgres(shop_dsn: str) -
     # The in-memory shop is the same description as the real one.
     assert {k: (t.schema, dict(t.columns)) for k, t in catalog.tables.items()} == {
         k: (t.schema, dict(t.columns)) for k, t in SHOP.tables.items()
+    }
+    assert {k: (t.schema, dict(t.columns)) for k, t in catalog.sequences.items()} == {
+        k: (t.schema, dict(t.columns)) for k, t in SHOP.sequences.items()
     }
     analyzer = SqlAnalyzer()
     wrong: list[tuple[str, str, object]] = []
@@ -569,6 +578,52 @@ def test_functions_with_lookalike_names_and_pure_forms_pass() -> None:
 def test_nextval_and_setval_make_a_read_a_write() -> None:
     assert analyze("SELECT currval('invoice_numbers')", SHOP).kind == "read"
     assert analyze("SELECT id, nextval('invoice_numbers') FROM orders", SHOP).kind == "write"
+
+
+def test_a_relation_named_by_a_string_is_resolved_like_a_table_name() -> None:
+    for sql in (
+        "SELECT nextval('public.invoice_numbers')",
+        "SELECT nextval('\"invoice_numbers\"')",
+        "SELECT setval(' Invoice_Numbers ', 4, false)",
+        "SELECT row_security_active('orders'), pg_relation_is_updatable('public.orders', true)",
+        "SELECT pg_column_is_updatable('orders'::text, 2::smallint, false)",
+    ):
+        analyze(sql, SHOP)
+    error = refused("SELECT 1, nextval('invoice_number')")
+    assert error.code == "unknown_table"
+    assert error.details == {
+        "table": "invoice_number",
+        "suggestions": ["invoice_numbers"],
+        "position": 19,
+    }
+    # Quoted, the name keeps its case, as PostgreSQL reads it.
+    assert refused("SELECT nextval('\"Invoice_numbers\"')").code == "unknown_table"
+    error = refused("SELECT row_security_active('shop.public.orders')")
+    assert error.code == "unknown_table"
+    assert "database part" in error.message
+    for text in ("", "orders.", '"orders', "a b", "12"):
+        assert refused(f"SELECT row_security_active('{text}')").code == "unknown_table", text
+
+
+def test_a_relation_named_otherwise_than_by_a_string_literal_is_refused() -> None:
+    error = refused("SELECT id, setval(name, 1) FROM orders, (VALUES ('x')) AS v(name)")
+    assert error.code == "forbidden_function"
+    assert error.details["function"] == "setval"
+    assert "string literal" in error.message
+    assert refused("SELECT ('orders'::text).row_security_active").code == "forbidden_function"
+
+
+def test_pg_typeof_is_allowed_only_cast_to_text() -> None:
+    for sql in (
+        "SELECT pg_typeof(total)::text FROM orders",
+        "SELECT CAST(pg_typeof(total) AS varchar(20)) FROM orders",
+        "SELECT pg_catalog.pg_typeof(total)::pg_catalog.text FROM orders",
+    ):
+        assert analyze(sql, SHOP).kind == "read"
+    error = refused("SELECT pg_typeof(total) FROM orders")
+    assert error.code == "forbidden_function"
+    assert "pg_typeof(...)::text" in error.message
+    assert refused("SELECT pg_typeof(total)::oid::text FROM orders").code == "forbidden_function"
 
 
 # --- unknown_table and unknown_column ----------------------------------------------------------

@@ -8,13 +8,18 @@ which are unknown wherever they are named."""
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from corral.gateway._catalog import Catalog, Table
 from corral.gateway._errors import GatewayError
-from corral.gateway._sql_functions import forbidden_function_reason
-from corral.gateway.postgres._tree import Node, char_position, string_names, unwrap
+from corral.gateway._sql_functions import (
+    RELATION_ARGUMENTS,
+    call_form_reason,
+    forbidden_function_reason,
+)
+from corral.gateway.postgres._tree import Node, char_position, string_literal, string_names, unwrap
 
 __all__ = ["Resolver"]
 
@@ -332,14 +337,18 @@ class Resolver:
         shown = ".".join(part for part in (database, schema, name) if part)
         self.unknown_table(shown, name, body.get("location", 0), database=bool(database))
 
-    def find(self, schema: str, name: str) -> tuple[str, Table] | None:
-        """The catalog key and table ``schema.name`` (``name`` alone when no schema) names.
+    def find(
+        self, schema: str, name: str, tables: Mapping[str, Table] | None = None
+    ) -> tuple[str, Table] | None:
+        """The catalog key and table ``schema.name`` (``name`` alone when no schema) names,
+        among ``tables`` (the catalog's tables when None).
 
         On PostgreSQL names match exactly: the parser has already folded unquoted names to
         lower case, and a quoted name keeps its case (``"ORDERS"`` is not ``orders``).
         Catalog keys are lower case, so the table's own name is compared too.
         """
-        tables = self.catalog.tables
+        if tables is None:
+            tables = self.catalog.tables
         table: Table | None
         if schema:
             key = f"{schema}.{name}".lower()
@@ -360,9 +369,23 @@ class Resolver:
         return key, table
 
     def unknown_table(
-        self, shown: str, name: str, location: int, *, database: bool = False, type_: bool = False
+        self,
+        shown: str,
+        name: str,
+        location: int,
+        *,
+        database: bool = False,
+        type_: bool = False,
+        sequences: bool = False,
     ) -> NoReturn:
-        suggestions = self.catalog.close_tables(shown) or self.catalog.close_tables(name)
+        """Raise ``unknown_table`` with close matches among the tables (and the sequences, for
+        a relation named by a function's argument: ``sequences``)."""
+        pool = list(self.catalog.tables)
+        if sequences:
+            pool += list(self.catalog.sequences)
+        suggestions = difflib.get_close_matches(
+            shown.lower(), pool, n=3, cutoff=0.6
+        ) or difflib.get_close_matches(name.lower(), pool, n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(suggestions)}?" if suggestions else ""
         why = " (names with a database part are not resolved)" if database else ""
         if type_:
@@ -412,6 +435,30 @@ class Resolver:
             shown, name, node.get("location", 0), database=len(qualifiers) > 1, type_=True
         )
 
+    def relation_arguments(self, call: Node) -> None:
+        """Resolve the relations a call names by string (``nextval('invoice_numbers')``)
+        like tables in FROM: one outside the catalog is ``unknown_table``. The analysis has
+        already refused such a call whose relation is not a string literal."""
+        names = string_names(call.get("funcname", ()))
+        positions = RELATION_ARGUMENTS.get(names[-1].lower(), ()) if names else ()
+        args = call.get("args", ())
+        for index in positions:
+            if index >= len(args):
+                continue
+            text = string_literal(args[index])
+            if text is None:
+                continue
+            location = unwrap(args[index])[1].get("location", 0)
+            parts = regclass_name(text)
+            if parts is not None and len(parts) <= 2:
+                schema, name = (parts[0], parts[1]) if len(parts) == 2 else ("", parts[0])
+                if self.find(schema, name) or self.find(schema, name, self.catalog.sequences):
+                    continue
+            shown = ".".join(parts) if parts else text
+            last = parts[-1] if parts else text
+            database = parts is not None and len(parts) > 2
+            self.unknown_table(shown, last, location, database=database, sequences=True)
+
     def schemas(self) -> frozenset[str]:
         if self._schemas is None:
             self._schemas = frozenset(
@@ -451,6 +498,9 @@ class Resolver:
                 elif key == "RangeVar":
                     # A relation outside the FROM clauses handled above: resolved all the same.
                     self.range_var(value, scope)
+                elif key == "FuncCall":
+                    self.relation_arguments(value)
+                    stack.append(value)
                 else:
                     stack.append(value)
 
@@ -471,7 +521,10 @@ class Resolver:
         if rel is None or rel.columns is None:
             # q.f, when q is not a relation with known columns, may be PostgreSQL's
             # field-selection syntax for the call f(q); other than that, the database answers.
-            reason = forbidden_function_reason(column, self.catalog.dialect)
+            dialect = self.catalog.dialect
+            reason = forbidden_function_reason(column, dialect) or call_form_reason(
+                column, dialect, literal_args=False
+            )
             if reason is not None:
                 raise GatewayError(
                     "forbidden_function",
@@ -612,6 +665,51 @@ def _figure(kind: str, node: Node) -> tuple[str | None, int]:
     if kind in _ANONYMOUS:
         return "?column?", 0
     return None, 0
+
+
+def regclass_name(text: str) -> list[str] | None:
+    """The parts of a relation's name as PostgreSQL reads it from text (``regclass``): split at
+    dots, double-quoted parts kept as they are (``""`` is a quote), others folded to lower
+    case. None for text that is not a name: empty parts, or digits alone, which PostgreSQL
+    reads as an oid (any relation's, hidden ones included)."""
+    if text.strip().isdigit():
+        return None
+    parts: list[str] = []
+    i, n = 0, len(text)
+    while True:
+        while i < n and text[i].isspace():
+            i += 1
+        if i < n and text[i] == '"':
+            part, i = [], i + 1
+            while i < n:
+                if text[i] == '"':
+                    if i + 1 < n and text[i + 1] == '"':
+                        part.append('"')
+                        i += 2
+                        continue
+                    break
+                part.append(text[i])
+                i += 1
+            if i >= n:
+                return None  # unterminated quote
+            i += 1
+            name = "".join(part)
+        else:
+            start = i
+            while i < n and text[i] != "." and not text[i].isspace():
+                i += 1
+            # PostgreSQL folds only ASCII letters of an unquoted name.
+            name = "".join(c.lower() if c.isascii() else c for c in text[start:i])
+        if not name:
+            return None
+        parts.append(name)
+        while i < n and text[i].isspace():
+            i += 1
+        if i == n:
+            return parts
+        if text[i] != ".":
+            return None
+        i += 1
 
 
 def _rename(columns: Columns, names: list[str]) -> Columns:
