@@ -687,6 +687,16 @@ ESCAPES: tuple[Escape, ...] = (
         "every relation's existence, by oid",
     ),
     Escape("SELECT pg_type_is_visible(16390)", "forbidden_function", "a type's existence"),
+    Escape(
+        "SELECT * FROM pgstattuple('corral.gateway_journal')",
+        "forbidden_function",
+        "a contrib module's look at a hidden table",
+    ),
+    Escape(
+        "SELECT pg_prewarm('corral.corral_breaker_records')",
+        "forbidden_function",
+        "a contrib module's look at a hidden table",
+    ),
     # values of catalog object types, to which integers are cast implicitly
     Escape(
         "SELECT x::text FROM (SELECT pg_typeof(1) AS x UNION ALL "

@@ -279,6 +279,31 @@ FORBIDDEN_FUNCTIONS: dict[str, str] = {
         ("get_raw_page", "bt_page_items", "bt_page_stats", "bt_multi_page_stats", "bt_metap"),
         "it reads a relation's pages named by a string, past the gateway's analysis",
     ),
+    # contrib modules that take any relation by name (regclass), hidden ones included:
+    # pgstattuple, pgrowlocks, pg_prewarm, pg_visibility, amcheck, pg_freespacemap
+    **dict.fromkeys(
+        (
+            "pgstattuple",
+            "pgstattuple_approx",
+            "pgstatindex",
+            "pgstatginindex",
+            "pgstathashindex",
+            "pg_relpages",
+            "pgrowlocks",
+            "pg_prewarm",
+            "pg_visibility",
+            "pg_visibility_map",
+            "pg_visibility_map_summary",
+            "pg_check_frozen",
+            "pg_check_visible",
+            "bt_index_check",
+            "bt_index_parent_check",
+            "gin_index_check",
+            "verify_heapam",
+            "pg_freespace",
+        ),
+        "it reads a relation's storage named by a string, past the gateway's analysis",
+    ),
 }
 
 # prefix -> why

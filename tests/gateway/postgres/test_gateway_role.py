@@ -5,6 +5,7 @@ rights on the gateway's own objects."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 
@@ -148,3 +149,18 @@ def test_agent_role_must_be_an_identifier(shop_dsn: str) -> None:
         Gateway.connect(shop_dsn, agent_role="x; DROP")
     with pytest.raises(InvalidArgumentError):
         Gateway.connect("sqlite:///x.db", agent_role="agents")
+
+
+async def test_gateways_racing_on_one_key_under_the_agent_role_run_it_once(
+    separated_roles: tuple[str, str],
+) -> None:
+    dsn, agent_role = separated_roles
+    gateways = [await Gateway.connect(dsn, agent_role=agent_role, key_wait_s=5) for _ in range(5)]
+    try:
+        outcomes = await asyncio.gather(*(gw.query("a", refund(902, key="k")) for gw in gateways))
+    finally:
+        for gw in gateways:
+            await gw.close()
+    assert sorted(o.status for o in outcomes) == ["ok"] + ["replayed"] * 4
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM refunds WHERE id = 902").fetchone() == (1,)
