@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from corral.daemon import http_status
-from corral.gateway import Gateway, GatewayError
+from corral.gateway import Gateway, GatewayError, compile_operation
 from corral.gateway._catalog import Catalog, Column, Table
 from corral.gateway._catalog_load import load_postgres_catalog, load_sqlite_catalog
 from corral.gateway._sql_functions import (
@@ -1327,3 +1327,54 @@ def test_catalog_must_be_a_catalog(catalog: object) -> None:
 def test_cache_size_must_be_a_positive_int(size: object) -> None:
     with pytest.raises(InvalidArgumentError, match="SqlAnalyzer: cache_size must be"):
         SqlAnalyzer(cache_size=size)  # type: ignore[arg-type]
+
+
+def _with_catalog_typed_columns() -> Catalog:
+    audit = _table(
+        "audit_log",
+        ("id", "integer", False, True),
+        ("rel", "regclass", True, False),
+        ("rels", "regclass[]", True, False),
+    )
+    return Catalog({**SHOP.tables, "audit_log": audit}, "shop-audit", "postgresql")
+
+
+def test_a_column_of_a_catalog_object_type_is_read_only_as_text() -> None:
+    catalog = _with_catalog_typed_columns()
+    for sql in (
+        "SELECT id, rel::text, CAST(rels AS text) FROM audit_log",
+        "SELECT a.rel::varchar FROM audit_log AS a WHERE a.id = 1",
+        "SELECT count(*) FROM audit_log",
+        "SELECT id FROM audit_log",
+    ):
+        analyze(sql, catalog)
+    for sql in (
+        "SELECT * FROM audit_log",
+        "SELECT a.* FROM audit_log AS a",
+        "SELECT rel FROM audit_log",
+        "SELECT x::text FROM (SELECT rel AS x FROM audit_log UNION ALL SELECT 16390) AS s",
+        "SELECT id FROM audit_log WHERE rel = 'corral.gateway_journal'",
+        "SELECT a.rels[1]::text FROM audit_log AS a",
+        "SELECT rel::oid FROM audit_log",
+    ):
+        error = refused(sql, catalog)
+        assert error.code == "forbidden_function", sql
+        assert "regclass" in error.message
+
+
+def test_a_value_for_a_column_of_a_catalog_object_type_is_refused() -> None:
+    catalog = _with_catalog_typed_columns()
+    for sql in (
+        "UPDATE audit_log SET rel = 'corral.gateway_journal' WHERE id = 1",
+        "INSERT INTO audit_log (id, rel) VALUES (2, 'corral.gateway_journal')",
+        "INSERT INTO audit_log VALUES (2, 'corral.gateway_journal')",
+    ):
+        assert refused(sql, catalog).code == "forbidden_function", sql
+    analyze("UPDATE audit_log SET id = 3 WHERE id = 1", catalog)
+    for request in (
+        {"op": "find", "table": "audit_log", "where": {"rel": "corral.gateway_journal"}},
+        {"op": "insert", "table": "audit_log", "values": {"id": 2, "rel": 16390}},
+    ):
+        with pytest.raises(GatewayError) as info:
+            compile_operation(request, catalog)
+        assert info.value.code == "forbidden_function", request

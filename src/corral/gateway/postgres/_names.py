@@ -16,8 +16,10 @@ from corral.gateway._catalog import Catalog, Table
 from corral.gateway._errors import GatewayError
 from corral.gateway._sql_functions import (
     RELATION_ARGUMENTS,
+    TEXT_TYPES,
     call_form_reason,
     forbidden_function_reason,
+    forbidden_type_reason,
 )
 from corral.gateway.postgres._tree import Node, char_position, string_literal, string_names, unwrap
 
@@ -120,6 +122,7 @@ class Resolver:
         self.tables: dict[str, None] = {}
         self.written: dict[str, None] = {}
         self._schemas: frozenset[str] | None = None
+        self._text_casts: set[int] = set()  # ids of column references cast straight to text
 
     def statement(self, kind: str, body: Node) -> None:
         self.any_statement(kind, body, _Scope((), {}))
@@ -204,6 +207,8 @@ class Resolver:
         if "withClause" in stmt:
             scope = self.with_clause(stmt["withClause"], scope)
         target = self.target(stmt.get("relation", {}))
+        if not stmt.get("cols"):
+            self.catalog_typed(target, None, 0)  # every column, in order
         for node in stmt.get("cols", ()):
             self.assignment(target, node.get("ResTarget", {}), scope)  # cols[subscript]
         if "selectStmt" in stmt:
@@ -277,6 +282,8 @@ class Resolver:
         if not name or target.columns is None or target.table is None:
             return
         if name in target.columns or name in self.system:
+            # A value assigned to it would be looked up by name: refused as a read of it is.
+            self.catalog_typed(target, name, node.get("location", 0))
             return
         location = node.get("location", 0)
         self.unknown_column(name, target.table.name, list(target.columns), location)
@@ -501,6 +508,12 @@ class Resolver:
                 elif key == "FuncCall":
                     self.relation_arguments(value)
                     stack.append(value)
+                elif key == "TypeCast":
+                    kind, arg = unwrap(value.get("arg"))
+                    names = string_names(value.get("typeName", {}).get("names", ()))
+                    if kind == "ColumnRef" and names and names[-1].lower() in TEXT_TYPES:
+                        self._text_casts.add(id(arg))
+                    stack.append(value)
                 else:
                     stack.append(value)
 
@@ -510,9 +523,16 @@ class Resolver:
         names = string_names(fields)
         location = ref.get("location", 0)
         if len(names) == 1 and not star:
-            self.bare_column(names[0], scope, aliases, location)
+            self.bare_column(names[0], scope, aliases, location, id(ref) in self._text_casts)
             return
-        if star or len(names) < 2:
+        if star:
+            qualifier = names[-1] if names else None
+            for level in scope.levels[-1:]:
+                for starred in level:
+                    if qualifier is None or starred.name == qualifier:
+                        self.catalog_typed(starred, None, location)
+            return
+        if len(names) < 2:
             return
         qualifier, column = names[-2], names[-1]
         rel = next(
@@ -534,17 +554,23 @@ class Resolver:
                 )
             return
         if column in rel.columns or (rel.table is not None and column in self.system):
+            if id(ref) not in self._text_casts:
+                self.catalog_typed(rel, column, location)
             return
         table = rel.table.name if rel.table is not None else qualifier
         self.unknown_column(column, table, list(rel.columns), location)
 
-    def bare_column(self, name: str, scope: _Scope, aliases: frozenset[str], at: int) -> None:
+    def bare_column(
+        self, name: str, scope: _Scope, aliases: frozenset[str], at: int, as_text: bool = False
+    ) -> None:
         if name in aliases:
             return
         seen: list[_Rel] = []
         for level in reversed(scope.levels):
             for rel in level:
                 if rel.columns is None or name in rel.columns or rel.name == name:
+                    if not as_text and rel.columns is not None and name in rel.columns:
+                        self.catalog_typed(rel, name, at)
                     return
                 if rel.table is not None and name in self.system:
                     return
@@ -554,6 +580,31 @@ class Resolver:
         tables = {r.table.name for r in seen if r.table is not None}
         candidates = [c for r in seen for c in (r.columns or ())]
         self.unknown_column(name, tables.pop() if len(tables) == 1 else None, candidates, at)
+
+    def catalog_typed(self, rel: _Rel, column: str | None, location: int) -> None:
+        """Refuse a column of a catalog object type (``column``, or any of ``rel``'s for a
+        ``*``) used other than cast straight to text: PostgreSQL casts integers and strings to
+        its type implicitly (a UNION arm, a comparison), naming any object, hidden ones
+        included."""
+        table = rel.table
+        if table is None:
+            return
+        for col in table.columns.values() if column is None else [table.columns.get(column)]:
+            if col is None:
+                continue
+            element = col.type.split("[", 1)[0].strip()
+            if forbidden_type_reason(element, self.catalog.dialect) is None:
+                continue
+            how = "name the columns, casting it" if column is None else "cast it straight"
+            raise GatewayError(
+                "forbidden_function",
+                f"column {col.name!r} of table {table.name!r} is of type {col.type}, a catalog "
+                "object type, to which PostgreSQL casts integers and strings implicitly "
+                "(naming any object, those the gateway hides included); "
+                f"{how} to text: {col.name}::text",
+                function=col.type,
+                position=char_position(self.sql, location) if location else None,
+            )
 
     def unknown_column(
         self, name: str, table: str | None, candidates: list[str], location: int
