@@ -600,6 +600,136 @@ ESCAPES: tuple[Escape, ...] = (
     Escape("SELECT inet_server_addr()", "forbidden_function", "the server's address"),
     Escape("SELECT pg_current_wal_lsn()", "forbidden_function", "the server's WAL position"),
     Escape("SELECT pg_xact_status('1'::xid8)", "forbidden_function", "other transactions"),
+    Escape("SELECT txid_status(1)", "forbidden_function", "other transactions, older name"),
+    Escape("SELECT TXID_STATUS(g) FROM generate_series(700, 800) g", "forbidden_function", "case"),
+    Escape("SELECT txid_current_snapshot()", "forbidden_function", "transactions in progress"),
+    Escape("SELECT pg_current_snapshot()", "forbidden_function", "transactions in progress"),
+    Escape("SELECT pg_export_snapshot()", "forbidden_function", "export a snapshot"),
+    # the gateway's own objects: its sequences, named by a string the server looks up
+    Escape(
+        "SELECT setval('corral.corral_breaker_records_seq_seq', 9223372036854775807)",
+        "unknown_table",
+        "switch persistent freezes off",
+    ),
+    Escape(
+        "SELECT nextval('corral.corral_breaker_records_seq_seq')",
+        "unknown_table",
+        "count the freezes",
+    ),
+    Escape(
+        "SELECT currval('corral.corral_breaker_records_seq_seq')",
+        "unknown_table",
+        "a hidden sequence's existence",
+    ),
+    Escape(
+        "SELECT nextval(' \"corral\" . CORRAL_BREAKER_RECORDS_SEQ_SEQ ')",
+        "unknown_table",
+        "quoted, spaced and upper-case parts",
+    ),
+    Escape(
+        "SELECT * FROM setval('corral.corral_breaker_records_seq_seq'::text, 1) AS s",
+        "unknown_table",
+        "in FROM, under a cast to text",
+    ),
+    Escape("SELECT nextval('16390')", "unknown_table", "a relation by its oid as text"),
+    Escape("SELECT nextval(16390)", "forbidden_function", "a relation by its oid"),
+    Escape(
+        "SELECT nextval(s) FROM (VALUES ('corral.corral_breaker_records_seq_seq')) AS v(s)",
+        "forbidden_function",
+        "a relation named by an expression",
+    ),
+    Escape("SELECT setval($1, 1)", "forbidden_function", "a relation named by a parameter"),
+    Escape(
+        "SELECT ('corral.corral_breaker_records_seq_seq'::text).nextval",
+        "forbidden_function",
+        "field-selection call syntax",
+    ),
+    Escape(
+        "SELECT nextval(regclass => 'corral.corral_breaker_records_seq_seq')",
+        "forbidden_function",
+        "a named argument",
+    ),
+    Escape("SELECT currval('pg_catalog.pg_class')", "unknown_table", "a system relation"),
+    # functions that answer for a relation named by a string: for hidden ones as for others
+    Escape(
+        "SELECT row_security_active('corral.gateway_journal')",
+        "unknown_table",
+        "a hidden table's row security",
+    ),
+    Escape(
+        "SELECT row_security_active(r) FROM generate_series(16384, 20000) AS r",
+        "forbidden_function",
+        "every relation's existence, by oid",
+    ),
+    Escape(
+        "SELECT pg_relation_is_updatable('corral.gateway_journal', true)",
+        "unknown_table",
+        "a hidden table's updatability",
+    ),
+    Escape(
+        "SELECT pg_column_is_updatable('corral.gateway_journal', 1::smallint, true)",
+        "unknown_table",
+        "a hidden column's updatability",
+    ),
+    Escape(
+        "SELECT pg_index_has_property('corral.gateway_journal_pkey', 'clusterable')",
+        "unknown_table",
+        "a hidden index",
+    ),
+    Escape(
+        "SELECT pg_relation_is_publishable('corral.gateway_journal')",
+        "unknown_table",
+        "a hidden table, publishable",
+    ),
+    Escape(
+        "SELECT pg_table_is_visible(r) FROM generate_series(16384, 20000) AS r",
+        "forbidden_function",
+        "every relation's existence, by oid",
+    ),
+    Escape("SELECT pg_type_is_visible(16390)", "forbidden_function", "a type's existence"),
+    Escape(
+        "SELECT * FROM pgstattuple('corral.gateway_journal')",
+        "forbidden_function",
+        "a contrib module's look at a hidden table",
+    ),
+    Escape(
+        "SELECT pg_prewarm('corral.corral_breaker_records')",
+        "forbidden_function",
+        "a contrib module's look at a hidden table",
+    ),
+    # values of catalog object types, to which integers are cast implicitly
+    Escape(
+        "SELECT x::text FROM (SELECT pg_typeof(1) AS x UNION ALL "
+        "SELECT g FROM generate_series(16384, 200000) g) s",
+        "forbidden_function",
+        "every type's name, through a UNION with regtype",
+    ),
+    Escape(
+        "SELECT coalesce(pg_typeof(1), 16390)::text",
+        "forbidden_function",
+        "a type's name, through COALESCE",
+    ),
+    Escape(
+        "SELECT ARRAY[pg_typeof(1), 16390]::text",
+        "forbidden_function",
+        "a type's name, through an array",
+    ),
+    Escape(
+        "SELECT pg_typeof(1) = 'corral.gateway_journal'",
+        "forbidden_function",
+        "a hidden row type's existence, through a comparison",
+    ),
+    Escape("SELECT (1).pg_typeof", "forbidden_function", "pg_typeof by field selection"),
+    Escape(
+        "SELECT g.pg_typeof FROM generate_series(1, 2) AS g",
+        "forbidden_function",
+        "pg_typeof by field selection on a function's row",
+    ),
+    Escape("SELECT get_current_ts_config()", "forbidden_function", "a regconfig value"),
+    # the connection's own state, the gateway's statements included
+    Escape("SELECT * FROM pg_prepared_statement()", "forbidden_function", "the journal's SQL"),
+    Escape("SELECT statement FROM pg_cursor()", "forbidden_function", "open cursors"),
+    Escape("SELECT * FROM pg_prepared_statements", "unknown_table", "the view of them"),
     Escape(
         "EXPLAIN (ANALYZE false, ANALYZE true) DELETE FROM orders",
         "forbidden_statement",

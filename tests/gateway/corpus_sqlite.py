@@ -194,7 +194,21 @@ SQLITE_ESCAPES: tuple[SqliteEscape, ...] = (
     _E("SELECT 1 --\nAS vacuum", "harmless", "a keyword as an alias"),
     _E("SELECT '1'';DROP TABLE orders;--' AS s", "harmless", "doubled quote in a string"),
     _E("SELECT $1 AS s", "harmless", "SQL in a parameter", ("'; DROP TABLE orders; --",)),
-    _E("SELECT changes(), total_changes(), last_insert_rowid()", "harmless", "counters"),
+    # the connection's counters, shared with the journal and other agents' writes
+    _E("SELECT changes()", "forbidden_function", "rows changed by the last write"),
+    _E("SELECT total_changes()", "forbidden_function", "every agent's changes"),
+    _E("SELECT last_insert_rowid()", "forbidden_function", "the journal's last row id"),
+    _E(
+        "UPDATE orders SET total = last_insert_rowid() WHERE id = 1",
+        "forbidden_function",
+        "the journal's last row id, read in a write",
+    ),
+    _E(
+        "UPDATE orders SET total = total_changes() WHERE id = 1",
+        "forbidden_function",
+        "other agents' changes, read in a write",
+    ),
+    _E("SELECT Changes()", "forbidden_function", "the counters, in any case"),
     _E("SELECT sqlite_version(), sqlite_source_id()", "harmless", "version"),
     _E("EXPLAIN DELETE FROM orders", "harmless", "EXPLAIN compiles, never runs"),
     _E(

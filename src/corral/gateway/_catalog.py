@@ -28,11 +28,16 @@ class Table:
 
 @dataclass(frozen=True, slots=True)
 class Catalog:
-    """Tables by name. ``version`` changes whenever the schema does (caches key on it)."""
+    """Tables by name. ``version`` changes whenever the schema does (caches key on it).
+
+    ``sequences`` (PostgreSQL) are keyed like ``tables``: not tables, but named by the
+    sequence functions (``nextval('invoice_numbers')``), which are checked against them.
+    """
 
     tables: Mapping[str, Table]
     version: str
     dialect: str  # "postgresql" or "sqlite"
+    sequences: Mapping[str, Table] = field(default_factory=dict)
 
     def table(self, name: str) -> Table | None:
         return self.tables.get(name.lower())

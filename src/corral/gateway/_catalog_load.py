@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 __all__ = ["load_postgres_catalog", "load_sqlite_catalog"]
 
-# One row per column (relations without columns still give one row, with NULL attname).
+# One row per column (relations without columns still give one row, with NULL attname);
+# sequences ('S') are kept apart from the tables.
 _PG_QUERY = """
 SELECT n.nspname, c.relname, c.relkind::text, pg_catalog.pg_table_is_visible(c.oid),
        a.attname, pg_catalog.format_type(a.atttypid, a.atttypmod), a.attnotnull,
@@ -26,7 +27,7 @@ JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 LEFT JOIN pg_catalog.pg_attribute a
        ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
 LEFT JOIN pg_catalog.pg_index i ON i.indrelid = c.oid AND i.indisprimary
-WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f')
+WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S')
   AND n.nspname <> 'information_schema'
   AND n.nspname NOT LIKE 'pg\\_%'
 ORDER BY n.nspname, c.relname, a.attnum
@@ -107,14 +108,16 @@ def _build(dialect: str, relations: dict[tuple[str, str], dict[str, Any]]) -> Ca
     canonical = json.dumps(description, sort_keys=True, separators=(",", ":"))
     version = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
     tables: dict[str, Table] = {}
+    sequences: dict[str, Table] = {}
     for (schema, name), rel in relations.items():
         key = name.lower() if rel["visible"] else f"{schema}.{name}".lower()
-        if key in tables:
+        into = sequences if rel["kind"] == "S" else tables
+        if key in into:
             # Names that differ only by case (quoted identifiers) share a key: the first wins.
             continue
         columns = {
             c["name"]: Column(c["name"], c["type"], c["nullable"], c["primary_key"])
             for c in rel["columns"]
         }
-        tables[key] = Table(name=name, schema=schema or None, columns=columns)
-    return Catalog(tables=tables, version=version, dialect=dialect)
+        into[key] = Table(name=name, schema=schema or None, columns=columns)
+    return Catalog(tables=tables, version=version, dialect=dialect, sequences=sequences)

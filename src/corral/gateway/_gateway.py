@@ -111,6 +111,7 @@ class Gateway:
         catalog_refresh_s: float | _Unset = _UNSET,
         catalog_max_age_s: float | _Unset | None = _UNSET,
         replay_cache_size: int | _Unset = _UNSET,
+        agent_role: str | _Unset | None = _UNSET,
         journal_path: str | Path | _Unset | None = _UNSET,
     ) -> Connector[Gateway]:
         """A gateway to the database ``dsn`` names, opened when awaited or entered.
@@ -138,6 +139,7 @@ class Gateway:
                 catalog_refresh_s=catalog_refresh_s,
                 catalog_max_age_s=catalog_max_age_s,
                 replay_cache_size=replay_cache_size,
+                agent_role=agent_role,
             )
             engine = sqlite_engine(
                 where,
@@ -162,6 +164,7 @@ class Gateway:
                 catalog_refresh_s=1.0 if catalog_refresh_s is _UNSET else catalog_refresh_s,
                 catalog_max_age_s=60.0 if catalog_max_age_s is _UNSET else catalog_max_age_s,
                 replay_cache_size=4096 if replay_cache_size is _UNSET else replay_cache_size,
+                agent_role=None if agent_role is _UNSET else agent_role,
             )
             options.check(where)
             engine = PostgresEngine(options)

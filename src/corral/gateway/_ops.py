@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from corral.gateway._catalog import Catalog, Column, Table
 from corral.gateway._errors import GatewayError
+from corral.gateway._sql_functions import forbidden_type_reason
 from corral.kernel._errors import InvalidArgumentError
 
 __all__ = ["MAX_PARAMS", "CompiledOperation", "compile_operation", "quote_identifier"]
@@ -269,6 +270,18 @@ class _Compiler:
                 value = _dumps(value)
             self.params.append(value)
             return self.mark
+        element = column.type.split("[", 1)[0].strip()
+        if forbidden_type_reason(element) is not None:
+            # PostgreSQL would look the value up by name or oid: hidden objects included.
+            self.problem(
+                "forbidden_function",
+                f"{key}: column {column.name!r} is of type {column.type}, a catalog object "
+                "type; a value for it is looked up in the system catalogs, those of objects "
+                "the gateway hides included",
+                function=column.type,
+                key=key,
+            )
+            return None
         family = _family(column)
         if family == "json":
             self.params.append(_dumps(value))

@@ -1,6 +1,7 @@
 """The functions SQL sent through the gateway may not call, and why: exact names, prefixes,
-``current_setting`` of anything but harmless settings, and casts to catalog object types. A name
-is matched on its last part, lower-cased; the lists err on the side of refusing."""
+``current_setting`` of anything but harmless settings, and casts to catalog object types; and
+the functions that name a relation in an argument, checked like a table name. A name is
+matched on its last part, lower-cased; the lists err on the side of refusing."""
 
 from __future__ import annotations
 
@@ -17,6 +18,14 @@ _SERVER = "it exposes the database server's configuration, files or other sessio
 _CATALOG = (
     "it reveals the database's catalog (definitions, descriptions, sizes or privileges of "
     "objects, those the gateway hides included)"
+)
+_CONNECTION = (
+    "it shows the connection's own state (prepared statements, cursors), the gateway's "
+    "statements included"
+)
+_SQLITE_CONNECTION = (
+    "it reads the connection's counters (row ids, changes), which the gateway's journal and "
+    "other agents' writes share; use RETURNING"
 )
 _CATALOG_TYPES = (
     "casts to catalog object types are not allowed: they look names up in the system "
@@ -42,6 +51,45 @@ CATALOG_OBJECT_TYPES = frozenset(
         "regtype",
     }
 )
+
+# Functions that name a relation in an argument (regclass, or its name as text or its oid), by
+# the positions of those arguments (0-based). PostgreSQL looks the name up in the catalog,
+# hidden relations included, so the argument must be a string literal, which the analysis
+# resolves like a table name in FROM (unknown_table when the gateway does not show it). The
+# other functions of pg_proc taking a regclass are refused outright (sizes, privileges, index
+# maintenance, table_to_xml, partitions, files: FORBIDDEN_FUNCTIONS and the prefixes below).
+RELATION_ARGUMENTS: dict[str, tuple[int, ...]] = {
+    "nextval": (0,),
+    "currval": (0,),
+    "setval": (0,),
+    "row_security_active": (0,),
+    "pg_relation_is_updatable": (0,),
+    "pg_column_is_updatable": (0,),
+    "pg_relation_is_publishable": (0,),
+    "pg_index_has_property": (0,),
+    "pg_index_column_has_property": (0,),
+    "satisfies_hash_partition": (0,),
+}
+
+# Functions whose value is of a catalog object type (pg_typeof: regtype). Shown as text, the
+# value names only the type of the agent's own expression; but PostgreSQL casts integers to
+# these types implicitly (a UNION arm, CASE, COALESCE, an array, a comparison), which would
+# name any object by oid. So they are allowed only as the operand of a cast to a text type.
+CATALOG_TYPE_FUNCTIONS = frozenset({"pg_typeof", "get_current_ts_config"})
+TEXT_TYPES = frozenset({"text", "varchar", "bpchar", "char", "name"})
+
+# The txid_* functions are the older names of the pg_* ones: each is refused when its
+# successor is (txid_status like pg_xact_status).
+TXID_SUCCESSORS = {
+    "txid_current": "pg_current_xact_id",
+    "txid_current_if_assigned": "pg_current_xact_id_if_assigned",
+    "txid_current_snapshot": "pg_current_snapshot",
+    "txid_snapshot_xmin": "pg_snapshot_xmin",
+    "txid_snapshot_xmax": "pg_snapshot_xmax",
+    "txid_snapshot_xip": "pg_snapshot_xip",
+    "txid_visible_in_snapshot": "pg_visible_in_snapshot",
+    "txid_status": "pg_xact_status",
+}
 
 # Settings current_setting may read (lower case; names are case-insensitive): formatting,
 # locale, version and the transaction's own state. Nothing that names a path, and no custom
@@ -168,9 +216,15 @@ FORBIDDEN_FUNCTIONS: dict[str, str] = {
             "pg_xact_commit_timestamp",
             "pg_xact_commit_timestamp_origin",
             "pg_last_committed_xact",
+            # the transactions in progress, other sessions' included
+            "pg_current_snapshot",
+            "pg_export_snapshot",
         ),
         _SERVER,
     ),
+    **dict.fromkeys(("pg_prepared_statement", "pg_cursor"), _CONNECTION),
+    **dict.fromkeys(("pg_nextoid", "pg_extension_config_dump"), _ADMIN),
+    "pg_is_other_temp_schema": _CATALOG,
     **dict.fromkeys(
         (
             "pg_describe_object",
@@ -225,6 +279,31 @@ FORBIDDEN_FUNCTIONS: dict[str, str] = {
         ("get_raw_page", "bt_page_items", "bt_page_stats", "bt_multi_page_stats", "bt_metap"),
         "it reads a relation's pages named by a string, past the gateway's analysis",
     ),
+    # contrib modules that take any relation by name (regclass), hidden ones included:
+    # pgstattuple, pgrowlocks, pg_prewarm, pg_visibility, amcheck, pg_freespacemap
+    **dict.fromkeys(
+        (
+            "pgstattuple",
+            "pgstattuple_approx",
+            "pgstatindex",
+            "pgstatginindex",
+            "pgstathashindex",
+            "pg_relpages",
+            "pgrowlocks",
+            "pg_prewarm",
+            "pg_visibility",
+            "pg_visibility_map",
+            "pg_visibility_map_summary",
+            "pg_check_frozen",
+            "pg_check_visible",
+            "bt_index_check",
+            "bt_index_parent_check",
+            "gin_index_check",
+            "verify_heapam",
+            "pg_freespace",
+        ),
+        "it reads a relation's storage named by a string, past the gateway's analysis",
+    ),
 }
 
 # prefix -> why
@@ -256,6 +335,7 @@ FORBIDDEN_FUNCTION_PREFIXES: dict[str, str] = {
     "pg_control_": _SERVER,  # pg_control_checkpoint, _system, _init, _recovery
     "pg_stat_get_": _SERVER,  # per-table, per-database and server-wide statistics
     "pg_current_wal_": _SERVER,
+    "pg_stat_statements": _SERVER,  # every session's SQL
     "pg_last_wal_": _SERVER,
     # pg_get_viewdef, _ruledef, _triggerdef, _constraintdef, _functiondef, _indexdef, _expr,
     # _function_arguments, _serial_sequence, _userbyid, _object_address, ... (pg_get_keywords
@@ -271,10 +351,17 @@ FORBIDDEN_FUNCTION_PREFIXES: dict[str, str] = {
 # Names a prefix above would refuse that are harmless: SQL's keyword list.
 _ALLOWED_FUNCTIONS = frozenset({"pg_get_keywords"})
 
-_SQLITE_FORBIDDEN = dict.fromkeys(
-    ("load_extension", "readfile", "writefile", "edit", "fts3_tokenizer"),
-    "it touches files or loads code on the database host",
-)
+_SQLITE_FORBIDDEN = {
+    **dict.fromkeys(
+        ("load_extension", "readfile", "writefile", "edit", "fts3_tokenizer"),
+        "it touches files or loads code on the database host",
+    ),
+    **dict.fromkeys(("changes", "total_changes", "last_insert_rowid"), _SQLITE_CONNECTION),
+}
+
+# pg_table_is_visible, pg_type_is_visible, ...: whether an object of any oid exists (NULL when
+# not) and is on the search path, hidden relations included.
+_VISIBLE_SUFFIX = "_is_visible"
 
 # Functions that run SQL text only with this many arguments: ts_rewrite(query, select_text).
 _SQL_TEXT_ARITY = {"ts_rewrite": 2}
@@ -293,7 +380,10 @@ def forbidden_function_reason(
     is not, or unknown): ``current_setting`` of a readable setting is allowed.
     """
     bare = name.rsplit(".", 1)[-1].lower()
+    bare = TXID_SUCCESSORS.get(bare, bare) if dialect == "postgresql" else bare
     reason = FORBIDDEN_FUNCTIONS.get(bare)
+    if reason is None and dialect == "postgresql" and bare.endswith(_VISIBLE_SUFFIX):
+        reason = _CATALOG
     if bare == "current_setting" and first_literal is not None:
         if first_literal.lower() in READABLE_SETTINGS:
             return None
@@ -307,6 +397,31 @@ def forbidden_function_reason(
     if reason is None and arity is not None and _SQL_TEXT_ARITY.get(bare) == arity:
         reason = _SQL_TEXT
     return reason
+
+
+def call_form_reason(name: str, dialect: str = "postgresql", *, literal_args: bool) -> str | None:
+    """Why a call of ``name`` in this form is refused, beyond :func:`forbidden_function_reason`.
+
+    ``literal_args``: the call's relation arguments (:data:`RELATION_ARGUMENTS`) are string
+    literals (False for field-selection syntax, ``('x'::text).nextval``, or an expression). A
+    function of :data:`CATALOG_TYPE_FUNCTIONS` is refused here; the caller allows it under a
+    cast to text. None when the form is allowed (or the rule does not apply).
+    """
+    if dialect != "postgresql":
+        return None
+    bare = name.rsplit(".", 1)[-1].lower()
+    if bare in RELATION_ARGUMENTS and not literal_args:
+        return (
+            "it names a relation by its argument, which must be a string literal that the "
+            f"gateway checks like a table name ({bare}('table_name')), not an expression"
+        )
+    if bare in CATALOG_TYPE_FUNCTIONS:
+        return (
+            "its value is of a catalog object type, to which PostgreSQL casts integers "
+            "implicitly (naming any object by its oid, those the gateway hides included); it "
+            f"is allowed only as the operand of a cast to text: {bare}(...)::text"
+        )
+    return None
 
 
 def forbidden_type_reason(name: str, dialect: str = "postgresql") -> str | None:

@@ -119,6 +119,55 @@ async def test_the_journal_is_invisible_to_agents(shop_dsn: str) -> None:
         assert error.code == "unknown_table"
 
 
+async def test_a_keyed_write_cannot_reach_the_gateways_own_sequences(shop_dsn: str) -> None:
+    seq = "corral.corral_breaker_records_seq_seq"
+    async with Gateway.connect(shop_dsn) as gw:
+        await gw.freeze("agent-1", "first", by="ops")
+        (before,) = fetch(shop_dsn, f"SELECT last_value, is_called FROM {seq}")
+        for n, sql in enumerate(
+            (
+                f"SELECT setval('{seq}', 9223372036854775807)",
+                f"SELECT nextval('{seq}')",
+                f"SELECT nextval('{seq.upper()}'::text)",
+            )
+        ):
+            error = await refused(gw, {"sql": sql, "idempotency_key": f"k{n}"})
+            assert error.code == "unknown_table", sql
+            assert error.details["table"] == seq
+        assert fetch(shop_dsn, f"SELECT last_value, is_called FROM {seq}") == [before]
+        # Freezes are still recorded, and survive a restart.
+        await gw.freeze("agent-2", "second", by="ops")
+    async with Gateway.connect(shop_dsn) as gw:
+        assert set(gw.frozen_agents()) == {"agent-1", "agent-2"}
+
+
+async def test_a_column_of_a_catalog_object_type_names_nothing_hidden(shop_dsn: str) -> None:
+    execute(
+        shop_dsn,
+        "CREATE TABLE audit_log (id integer PRIMARY KEY, rel regclass)",
+        "INSERT INTO audit_log VALUES (1, 'orders')",
+    )
+    async with Gateway.connect(shop_dsn, breaker=None) as gw:
+        read = await gw.query(AGENT, {"sql": "SELECT rel::text AS rel FROM audit_log"})
+        assert read.rows == [{"rel": "orders"}]
+        before = fetch(shop_dsn, "SELECT id, rel::text FROM audit_log")
+        for request in (
+            {"sql": "SELECT * FROM audit_log"},
+            {
+                "sql": "SELECT x::text FROM (SELECT rel AS x FROM audit_log UNION ALL "
+                "SELECT g FROM generate_series(16384, 200000) g) s"
+            },
+            {"sql": "SELECT id FROM audit_log WHERE rel = 'corral.gateway_journal'"},
+            {
+                "sql": "UPDATE audit_log SET rel = 'corral.gateway_journal'",
+                "idempotency_key": "k1",
+            },
+            {"op": "find", "table": "audit_log", "where": {"rel": "corral.gateway_journal"}},
+        ):
+            assert (await refused(gw, request)).code == "forbidden_function", request
+        assert fetch(shop_dsn, "SELECT id, rel::text FROM audit_log") == before
+
+
 # --- escapes and the read-only backstop ------------------------------------------------------
 
 

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from corral.daemon import http_status
-from corral.gateway import Gateway, GatewayError
+from corral.gateway import Gateway, GatewayError, compile_operation
 from corral.gateway._catalog import Catalog, Column, Table
 from corral.gateway._catalog_load import load_postgres_catalog, load_sqlite_catalog
 from corral.gateway._sql_functions import (
@@ -75,7 +75,13 @@ def shop_catalog(version: str = "shop-v1") -> Catalog:
             ("attrs", "jsonb", False, False),
         ),
     ]
-    return Catalog({t.name: t for t in tables}, version, "postgresql")
+    sequence = _table(
+        "invoice_numbers",
+        ("last_value", "bigint", False, False),
+        ("log_cnt", "bigint", False, False),
+        ("is_called", "boolean", False, False),
+    )
+    return Catalog({t.name: t for t in tables}, version, "postgresql", {sequence.name: sequence})
 
 
 SHOP = shop_catalog()
@@ -142,6 +148,9 @@ async def test_corpora_against_the_catalog_loaded_from_postgres(shop_dsn: str) -
     # The in-memory shop is the same description as the real one.
     assert {k: (t.schema, dict(t.columns)) for k, t in catalog.tables.items()} == {
         k: (t.schema, dict(t.columns)) for k, t in SHOP.tables.items()
+    }
+    assert {k: (t.schema, dict(t.columns)) for k, t in catalog.sequences.items()} == {
+        k: (t.schema, dict(t.columns)) for k, t in SHOP.sequences.items()
     }
     analyzer = SqlAnalyzer()
     wrong: list[tuple[str, str, object]] = []
@@ -569,6 +578,52 @@ def test_functions_with_lookalike_names_and_pure_forms_pass() -> None:
 def test_nextval_and_setval_make_a_read_a_write() -> None:
     assert analyze("SELECT currval('invoice_numbers')", SHOP).kind == "read"
     assert analyze("SELECT id, nextval('invoice_numbers') FROM orders", SHOP).kind == "write"
+
+
+def test_a_relation_named_by_a_string_is_resolved_like_a_table_name() -> None:
+    for sql in (
+        "SELECT nextval('public.invoice_numbers')",
+        "SELECT nextval('\"invoice_numbers\"')",
+        "SELECT setval(' Invoice_Numbers ', 4, false)",
+        "SELECT row_security_active('orders'), pg_relation_is_updatable('public.orders', true)",
+        "SELECT pg_column_is_updatable('orders'::text, 2::smallint, false)",
+    ):
+        analyze(sql, SHOP)
+    error = refused("SELECT 1, nextval('invoice_number')")
+    assert error.code == "unknown_table"
+    assert error.details == {
+        "table": "invoice_number",
+        "suggestions": ["invoice_numbers"],
+        "position": 19,
+    }
+    # Quoted, the name keeps its case, as PostgreSQL reads it.
+    assert refused("SELECT nextval('\"Invoice_numbers\"')").code == "unknown_table"
+    error = refused("SELECT row_security_active('shop.public.orders')")
+    assert error.code == "unknown_table"
+    assert "database part" in error.message
+    for text in ("", "orders.", '"orders', "a b", "12"):
+        assert refused(f"SELECT row_security_active('{text}')").code == "unknown_table", text
+
+
+def test_a_relation_named_otherwise_than_by_a_string_literal_is_refused() -> None:
+    error = refused("SELECT id, setval(name, 1) FROM orders, (VALUES ('x')) AS v(name)")
+    assert error.code == "forbidden_function"
+    assert error.details["function"] == "setval"
+    assert "string literal" in error.message
+    assert refused("SELECT ('orders'::text).row_security_active").code == "forbidden_function"
+
+
+def test_pg_typeof_is_allowed_only_cast_to_text() -> None:
+    for sql in (
+        "SELECT pg_typeof(total)::text FROM orders",
+        "SELECT CAST(pg_typeof(total) AS varchar(20)) FROM orders",
+        "SELECT pg_catalog.pg_typeof(total)::pg_catalog.text FROM orders",
+    ):
+        assert analyze(sql, SHOP).kind == "read"
+    error = refused("SELECT pg_typeof(total) FROM orders")
+    assert error.code == "forbidden_function"
+    assert "pg_typeof(...)::text" in error.message
+    assert refused("SELECT pg_typeof(total)::oid::text FROM orders").code == "forbidden_function"
 
 
 # --- unknown_table and unknown_column ----------------------------------------------------------
@@ -1272,3 +1327,54 @@ def test_catalog_must_be_a_catalog(catalog: object) -> None:
 def test_cache_size_must_be_a_positive_int(size: object) -> None:
     with pytest.raises(InvalidArgumentError, match="SqlAnalyzer: cache_size must be"):
         SqlAnalyzer(cache_size=size)  # type: ignore[arg-type]
+
+
+def _with_catalog_typed_columns() -> Catalog:
+    audit = _table(
+        "audit_log",
+        ("id", "integer", False, True),
+        ("rel", "regclass", True, False),
+        ("rels", "regclass[]", True, False),
+    )
+    return Catalog({**SHOP.tables, "audit_log": audit}, "shop-audit", "postgresql")
+
+
+def test_a_column_of_a_catalog_object_type_is_read_only_as_text() -> None:
+    catalog = _with_catalog_typed_columns()
+    for sql in (
+        "SELECT id, rel::text, CAST(rels AS text) FROM audit_log",
+        "SELECT a.rel::varchar FROM audit_log AS a WHERE a.id = 1",
+        "SELECT count(*) FROM audit_log",
+        "SELECT id FROM audit_log",
+    ):
+        analyze(sql, catalog)
+    for sql in (
+        "SELECT * FROM audit_log",
+        "SELECT a.* FROM audit_log AS a",
+        "SELECT rel FROM audit_log",
+        "SELECT x::text FROM (SELECT rel AS x FROM audit_log UNION ALL SELECT 16390) AS s",
+        "SELECT id FROM audit_log WHERE rel = 'corral.gateway_journal'",
+        "SELECT a.rels[1]::text FROM audit_log AS a",
+        "SELECT rel::oid FROM audit_log",
+    ):
+        error = refused(sql, catalog)
+        assert error.code == "forbidden_function", sql
+        assert "regclass" in error.message
+
+
+def test_a_value_for_a_column_of_a_catalog_object_type_is_refused() -> None:
+    catalog = _with_catalog_typed_columns()
+    for sql in (
+        "UPDATE audit_log SET rel = 'corral.gateway_journal' WHERE id = 1",
+        "INSERT INTO audit_log (id, rel) VALUES (2, 'corral.gateway_journal')",
+        "INSERT INTO audit_log VALUES (2, 'corral.gateway_journal')",
+    ):
+        assert refused(sql, catalog).code == "forbidden_function", sql
+    analyze("UPDATE audit_log SET id = 3 WHERE id = 1", catalog)
+    for request in (
+        {"op": "find", "table": "audit_log", "where": {"rel": "corral.gateway_journal"}},
+        {"op": "insert", "table": "audit_log", "values": {"id": 2, "rel": 16390}},
+    ):
+        with pytest.raises(GatewayError) as info:
+            compile_operation(request, catalog)
+        assert info.value.code == "forbidden_function", request

@@ -108,7 +108,10 @@ class CatalogKeeper:
             return current
         hidden = self._journal.schema
         tables = {k: t for k, t in full.tables.items() if t.schema != hidden}
-        self._catalog = Catalog(tables=tables, version=full.version, dialect=full.dialect)
+        sequences = {k: t for k, t in full.sequences.items() if t.schema != hidden}
+        self._catalog = Catalog(
+            tables=tables, version=full.version, dialect=full.dialect, sequences=sequences
+        )
         return self._catalog
 
     async def refresh_on_demand(self, sign: str) -> bool:

@@ -45,6 +45,7 @@ class PostgresOptions:
     catalog_refresh_s: float
     catalog_max_age_s: float | None
     replay_cache_size: int
+    agent_role: str | None = None
 
     def check(self, where: str) -> None:
         """Raise ``InvalidArgumentError`` naming the first bad option."""
@@ -65,6 +66,8 @@ class PostgresOptions:
         v.non_negative_number(where, "catalog_refresh_s", self.catalog_refresh_s)
         v.positive_number(where, "catalog_max_age_s", self.catalog_max_age_s, optional=True)
         v.non_negative_int(where, "replay_cache_size", self.replay_cache_size)
+        if self.agent_role is not None:
+            check_identifier(where, "agent_role", self.agent_role)
 
 
 class PostgresEngine:
@@ -81,6 +84,10 @@ class PostgresEngine:
         dsn_options = str(conninfo_to_dict(options.dsn).get("options") or "")
         # Reads rely on the session default being READ ONLY (checked before each read).
         session = f"{dsn_options} -c default_transaction_read_only=on -c statement_timeout={ms}"
+        if options.agent_role is not None:
+            # Agents' SQL runs as this role, which has no rights on the journal; the session
+            # user (the owner) writes the journal rows (postgres/_write.py).
+            session += f" -c role={options.agent_role}"
         connect_kwargs: dict[str, Any] = {
             "autocommit": True,
             # psycopg's own preparing stays off: requests are sent by _execute, which prepares
@@ -110,6 +117,7 @@ class PostgresEngine:
             max_rows=options.max_rows,
             statement_timeout_s=options.statement_timeout_s,
             replay_cache_size=options.replay_cache_size,
+            agent_role=options.agent_role,
         )
         # Bound once: called by every request.
         self.refresh_if_old = self._keeper.refresh_if_old

@@ -45,8 +45,10 @@ class KeyedWrites:
         max_rows: int,
         statement_timeout_s: float,
         replay_cache_size: int,
+        agent_role: str | None = None,
     ) -> None:
         self._pools = pools
+        self._agent_role = agent_role
         self._journal = journal
         self._clock = clock
         self._key_wait_s = key_wait_s
@@ -103,6 +105,7 @@ class KeyedWrites:
                     now=self._clock.now(),
                     key_wait_ms=self._key_wait_ms,
                     max_rows=self._max_rows,
+                    agent_role=self._agent_role,
                 )
             except KeyTaken:
                 entry = await self._lookup(lease, agent_id, key)
@@ -121,9 +124,17 @@ class KeyedWrites:
         )
 
     async def _lookup(self, lease: Lease, agent_id: str, key: str) -> tuple[Any, ...] | None:
+        conn = lease.conn
         try:
-            cur = await lease.conn.execute(self._journal.lookup_sql, [agent_id, key])
-            row = await cur.fetchone()
+            if self._agent_role is None:
+                cur = await conn.execute(self._journal.lookup_sql, [agent_id, key])
+                row = await cur.fetchone()
+            else:
+                # The agent role may not read the journal: the session user reads it.
+                async with conn.transaction():
+                    await conn.execute("SET LOCAL ROLE NONE")
+                    cur = await conn.execute(self._journal.lookup_sql, [agent_id, key])
+                    row = await cur.fetchone()
         except psycopg.Error as exc:
             raise map_error(exc, lease, statement_timeout_s=self._statement_timeout_s) from None
         return tuple(row) if row is not None else None

@@ -8,13 +8,20 @@ which are unknown wherever they are named."""
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from corral.gateway._catalog import Catalog, Table
 from corral.gateway._errors import GatewayError
-from corral.gateway._sql_functions import forbidden_function_reason
-from corral.gateway.postgres._tree import Node, char_position, string_names, unwrap
+from corral.gateway._sql_functions import (
+    RELATION_ARGUMENTS,
+    TEXT_TYPES,
+    call_form_reason,
+    forbidden_function_reason,
+    forbidden_type_reason,
+)
+from corral.gateway.postgres._tree import Node, char_position, string_literal, string_names, unwrap
 
 __all__ = ["Resolver"]
 
@@ -115,6 +122,7 @@ class Resolver:
         self.tables: dict[str, None] = {}
         self.written: dict[str, None] = {}
         self._schemas: frozenset[str] | None = None
+        self._text_casts: set[int] = set()  # ids of column references cast straight to text
 
     def statement(self, kind: str, body: Node) -> None:
         self.any_statement(kind, body, _Scope((), {}))
@@ -199,6 +207,8 @@ class Resolver:
         if "withClause" in stmt:
             scope = self.with_clause(stmt["withClause"], scope)
         target = self.target(stmt.get("relation", {}))
+        if not stmt.get("cols"):
+            self.catalog_typed(target, None, 0)  # every column, in order
         for node in stmt.get("cols", ()):
             self.assignment(target, node.get("ResTarget", {}), scope)  # cols[subscript]
         if "selectStmt" in stmt:
@@ -272,6 +282,8 @@ class Resolver:
         if not name or target.columns is None or target.table is None:
             return
         if name in target.columns or name in self.system:
+            # A value assigned to it would be looked up by name: refused as a read of it is.
+            self.catalog_typed(target, name, node.get("location", 0))
             return
         location = node.get("location", 0)
         self.unknown_column(name, target.table.name, list(target.columns), location)
@@ -332,14 +344,18 @@ class Resolver:
         shown = ".".join(part for part in (database, schema, name) if part)
         self.unknown_table(shown, name, body.get("location", 0), database=bool(database))
 
-    def find(self, schema: str, name: str) -> tuple[str, Table] | None:
-        """The catalog key and table ``schema.name`` (``name`` alone when no schema) names.
+    def find(
+        self, schema: str, name: str, tables: Mapping[str, Table] | None = None
+    ) -> tuple[str, Table] | None:
+        """The catalog key and table ``schema.name`` (``name`` alone when no schema) names,
+        among ``tables`` (the catalog's tables when None).
 
         On PostgreSQL names match exactly: the parser has already folded unquoted names to
         lower case, and a quoted name keeps its case (``"ORDERS"`` is not ``orders``).
         Catalog keys are lower case, so the table's own name is compared too.
         """
-        tables = self.catalog.tables
+        if tables is None:
+            tables = self.catalog.tables
         table: Table | None
         if schema:
             key = f"{schema}.{name}".lower()
@@ -360,9 +376,23 @@ class Resolver:
         return key, table
 
     def unknown_table(
-        self, shown: str, name: str, location: int, *, database: bool = False, type_: bool = False
+        self,
+        shown: str,
+        name: str,
+        location: int,
+        *,
+        database: bool = False,
+        type_: bool = False,
+        sequences: bool = False,
     ) -> NoReturn:
-        suggestions = self.catalog.close_tables(shown) or self.catalog.close_tables(name)
+        """Raise ``unknown_table`` with close matches among the tables (and the sequences, for
+        a relation named by a function's argument: ``sequences``)."""
+        pool = list(self.catalog.tables)
+        if sequences:
+            pool += list(self.catalog.sequences)
+        suggestions = difflib.get_close_matches(
+            shown.lower(), pool, n=3, cutoff=0.6
+        ) or difflib.get_close_matches(name.lower(), pool, n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(suggestions)}?" if suggestions else ""
         why = " (names with a database part are not resolved)" if database else ""
         if type_:
@@ -412,6 +442,30 @@ class Resolver:
             shown, name, node.get("location", 0), database=len(qualifiers) > 1, type_=True
         )
 
+    def relation_arguments(self, call: Node) -> None:
+        """Resolve the relations a call names by string (``nextval('invoice_numbers')``)
+        like tables in FROM: one outside the catalog is ``unknown_table``. The analysis has
+        already refused such a call whose relation is not a string literal."""
+        names = string_names(call.get("funcname", ()))
+        positions = RELATION_ARGUMENTS.get(names[-1].lower(), ()) if names else ()
+        args = call.get("args", ())
+        for index in positions:
+            if index >= len(args):
+                continue
+            text = string_literal(args[index])
+            if text is None:
+                continue
+            location = unwrap(args[index])[1].get("location", 0)
+            parts = regclass_name(text)
+            if parts is not None and len(parts) <= 2:
+                schema, name = (parts[0], parts[1]) if len(parts) == 2 else ("", parts[0])
+                if self.find(schema, name) or self.find(schema, name, self.catalog.sequences):
+                    continue
+            shown = ".".join(parts) if parts else text
+            last = parts[-1] if parts else text
+            database = parts is not None and len(parts) > 2
+            self.unknown_table(shown, last, location, database=database, sequences=True)
+
     def schemas(self) -> frozenset[str]:
         if self._schemas is None:
             self._schemas = frozenset(
@@ -451,6 +505,15 @@ class Resolver:
                 elif key == "RangeVar":
                     # A relation outside the FROM clauses handled above: resolved all the same.
                     self.range_var(value, scope)
+                elif key == "FuncCall":
+                    self.relation_arguments(value)
+                    stack.append(value)
+                elif key == "TypeCast":
+                    kind, arg = unwrap(value.get("arg"))
+                    names = string_names(value.get("typeName", {}).get("names", ()))
+                    if kind == "ColumnRef" and names and names[-1].lower() in TEXT_TYPES:
+                        self._text_casts.add(id(arg))
+                    stack.append(value)
                 else:
                     stack.append(value)
 
@@ -460,9 +523,16 @@ class Resolver:
         names = string_names(fields)
         location = ref.get("location", 0)
         if len(names) == 1 and not star:
-            self.bare_column(names[0], scope, aliases, location)
+            self.bare_column(names[0], scope, aliases, location, id(ref) in self._text_casts)
             return
-        if star or len(names) < 2:
+        if star:
+            qualifier = names[-1] if names else None
+            for level in scope.levels[-1:]:
+                for starred in level:
+                    if qualifier is None or starred.name == qualifier:
+                        self.catalog_typed(starred, None, location)
+            return
+        if len(names) < 2:
             return
         qualifier, column = names[-2], names[-1]
         rel = next(
@@ -471,7 +541,10 @@ class Resolver:
         if rel is None or rel.columns is None:
             # q.f, when q is not a relation with known columns, may be PostgreSQL's
             # field-selection syntax for the call f(q); other than that, the database answers.
-            reason = forbidden_function_reason(column, self.catalog.dialect)
+            dialect = self.catalog.dialect
+            reason = forbidden_function_reason(column, dialect) or call_form_reason(
+                column, dialect, literal_args=False
+            )
             if reason is not None:
                 raise GatewayError(
                     "forbidden_function",
@@ -481,17 +554,23 @@ class Resolver:
                 )
             return
         if column in rel.columns or (rel.table is not None and column in self.system):
+            if id(ref) not in self._text_casts:
+                self.catalog_typed(rel, column, location)
             return
         table = rel.table.name if rel.table is not None else qualifier
         self.unknown_column(column, table, list(rel.columns), location)
 
-    def bare_column(self, name: str, scope: _Scope, aliases: frozenset[str], at: int) -> None:
+    def bare_column(
+        self, name: str, scope: _Scope, aliases: frozenset[str], at: int, as_text: bool = False
+    ) -> None:
         if name in aliases:
             return
         seen: list[_Rel] = []
         for level in reversed(scope.levels):
             for rel in level:
                 if rel.columns is None or name in rel.columns or rel.name == name:
+                    if not as_text and rel.columns is not None and name in rel.columns:
+                        self.catalog_typed(rel, name, at)
                     return
                 if rel.table is not None and name in self.system:
                     return
@@ -501,6 +580,31 @@ class Resolver:
         tables = {r.table.name for r in seen if r.table is not None}
         candidates = [c for r in seen for c in (r.columns or ())]
         self.unknown_column(name, tables.pop() if len(tables) == 1 else None, candidates, at)
+
+    def catalog_typed(self, rel: _Rel, column: str | None, location: int) -> None:
+        """Refuse a column of a catalog object type (``column``, or any of ``rel``'s for a
+        ``*``) used other than cast straight to text: PostgreSQL casts integers and strings to
+        its type implicitly (a UNION arm, a comparison), naming any object, hidden ones
+        included."""
+        table = rel.table
+        if table is None:
+            return
+        for col in table.columns.values() if column is None else [table.columns.get(column)]:
+            if col is None:
+                continue
+            element = col.type.split("[", 1)[0].strip()
+            if forbidden_type_reason(element, self.catalog.dialect) is None:
+                continue
+            how = "name the columns, casting it" if column is None else "cast it straight"
+            raise GatewayError(
+                "forbidden_function",
+                f"column {col.name!r} of table {table.name!r} is of type {col.type}, a catalog "
+                "object type, to which PostgreSQL casts integers and strings implicitly "
+                "(naming any object, those the gateway hides included); "
+                f"{how} to text: {col.name}::text",
+                function=col.type,
+                position=char_position(self.sql, location) if location else None,
+            )
 
     def unknown_column(
         self, name: str, table: str | None, candidates: list[str], location: int
@@ -612,6 +716,51 @@ def _figure(kind: str, node: Node) -> tuple[str | None, int]:
     if kind in _ANONYMOUS:
         return "?column?", 0
     return None, 0
+
+
+def regclass_name(text: str) -> list[str] | None:
+    """The parts of a relation's name as PostgreSQL reads it from text (``regclass``): split at
+    dots, double-quoted parts kept as they are (``""`` is a quote), others folded to lower
+    case. None for text that is not a name: empty parts, or digits alone, which PostgreSQL
+    reads as an oid (any relation's, hidden ones included)."""
+    if text.strip().isdigit():
+        return None
+    parts: list[str] = []
+    i, n = 0, len(text)
+    while True:
+        while i < n and text[i].isspace():
+            i += 1
+        if i < n and text[i] == '"':
+            part, i = [], i + 1
+            while i < n:
+                if text[i] == '"':
+                    if i + 1 < n and text[i + 1] == '"':
+                        part.append('"')
+                        i += 2
+                        continue
+                    break
+                part.append(text[i])
+                i += 1
+            if i >= n:
+                return None  # unterminated quote
+            i += 1
+            name = "".join(part)
+        else:
+            start = i
+            while i < n and text[i] != "." and not text[i].isspace():
+                i += 1
+            # PostgreSQL folds only ASCII letters of an unquoted name.
+            name = "".join(c.lower() if c.isascii() else c for c in text[start:i])
+        if not name:
+            return None
+        parts.append(name)
+        while i < n and text[i].isspace():
+            i += 1
+        if i == n:
+            return parts
+        if text[i] != ".":
+            return None
+        i += 1
 
 
 def _rename(columns: Columns, names: list[str]) -> Columns:

@@ -16,10 +16,22 @@ from typing import Any, Literal
 from corral.gateway._catalog import Catalog
 from corral.gateway._errors import GatewayError
 from corral.gateway._refusal import Refusal
-from corral.gateway._sql_functions import forbidden_function_reason, forbidden_type_reason
+from corral.gateway._sql_functions import (
+    RELATION_ARGUMENTS,
+    TEXT_TYPES,
+    call_form_reason,
+    forbidden_function_reason,
+    forbidden_type_reason,
+)
 from corral.gateway.postgres._filtered import filtered
 from corral.gateway.postgres._names import Resolver
-from corral.gateway.postgres._tree import Node, char_position, unwrap
+from corral.gateway.postgres._tree import (
+    Node,
+    char_position,
+    string_literal,
+    string_names,
+    unwrap,
+)
 from corral.kernel._validate import instance_of, positive_int
 
 __all__ = ["Analysis", "AnalyzerCacheInfo", "SqlAnalyzer", "analyze"]
@@ -331,6 +343,7 @@ class _Scan:
         self.writes = False
         self.locking = False
         self.param_count = 0
+        self.text_casts: set[int] = set()  # ids of calls cast straight to a text type
 
     def run(self, root: Node) -> None:
         stack: list[Any] = [root]
@@ -350,21 +363,47 @@ class _Scan:
     def function_call(self, node: Node) -> None:
         names = [n["String"].get("sval", "") for n in node.get("funcname", ()) if "String" in n]
         args = node.get("args", ())
-        literal = _string_literal(args[0]) if args else None
-        self.check_function(names, len(args), node.get("location", 0), literal)
+        literal = string_literal(args[0]) if args else None
+        positions = RELATION_ARGUMENTS.get(names[-1].lower(), ()) if names else ()
+        literal_args = all(string_literal(args[i]) is not None for i in positions if i < len(args))
+        self.check_function(
+            names,
+            len(args),
+            node.get("location", 0),
+            literal,
+            literal_args=literal_args,
+            text_cast=id(node) in self.text_casts,
+        )
 
     def indirection(self, node: Node) -> None:
         _, arg = unwrap(node.get("arg"))
         for item in node.get("indirection", ()):
             if "String" in item:
-                self.check_function([item["String"].get("sval", "")], 1, arg.get("location", 0))
+                name = item["String"].get("sval", "")
+                self.check_function([name], 1, arg.get("location", 0), literal_args=False)
+
+    def type_cast(self, node: Node) -> None:
+        """Note a call cast straight to a text type: ``pg_typeof(x)::text`` is allowed."""
+        kind, arg = unwrap(node.get("arg"))
+        names = string_names(node.get("typeName", {}).get("names", ()))
+        if kind == "FuncCall" and names and names[-1].lower() in TEXT_TYPES:
+            self.text_casts.add(id(arg))
 
     def check_function(
-        self, names: list[str], arity: int, location: int, literal: str | None = None
+        self,
+        names: list[str],
+        arity: int,
+        location: int,
+        literal: str | None = None,
+        *,
+        literal_args: bool = True,
+        text_cast: bool = False,
     ) -> None:
         if not names:
             return
         reason = forbidden_function_reason(names[-1], self.dialect, arity, literal)
+        if reason is None and not text_cast:
+            reason = call_form_reason(names[-1], self.dialect, literal_args=literal_args)
         if reason is not None:
             shown = ".".join(names)
             raise GatewayError(
@@ -415,19 +454,10 @@ class _Scan:
         self.locking = True
 
 
-def _string_literal(node: Any) -> str | None:
-    """The text of a string constant, also under a cast (``'TimeZone'::text``); else None."""
-    kind, body = unwrap(node)
-    if kind == "TypeCast":
-        kind, body = unwrap(body.get("arg"))
-    if kind == "A_Const" and "sval" in body:
-        return str(body["sval"].get("sval", ""))
-    return None
-
-
 _SCAN_HANDLERS: dict[str, Callable[[_Scan, Any], None]] = {
     "FuncCall": _Scan.function_call,
     "A_Indirection": _Scan.indirection,
+    "TypeCast": _Scan.type_cast,
     "typeName": _Scan.type_name,
     "TypeName": _Scan.type_name,
     "ParamRef": _Scan.param,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Node", "char_position", "string_names", "unwrap"]
+__all__ = ["Node", "char_position", "string_literal", "string_names", "unwrap"]
 
 Node = dict[str, Any]
 
@@ -30,3 +30,13 @@ def char_position(sql: str, byte_offset: int) -> int:
 def string_names(nodes: Any) -> list[str]:
     """The names of a list of ``String`` nodes (a qualified name, a function's name)."""
     return [n["String"].get("sval", "") for n in nodes if "String" in n]
+
+
+def string_literal(node: Any) -> str | None:
+    """The text of a string constant, also under a cast (``'TimeZone'::text``); else None."""
+    kind, body = unwrap(node)
+    if kind == "TypeCast":
+        kind, body = unwrap(body.get("arg"))
+    if kind == "A_Const" and "sval" in body:
+        return str(body["sval"].get("sval", ""))
+    return None

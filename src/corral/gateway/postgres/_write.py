@@ -32,6 +32,9 @@ __all__ = ["KeyTaken", "run_write"]
 _UNWRAPPABLE_STATES = frozenset({"0A000", "42601"})
 
 _BEGIN_WRITE = b"BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE"
+# With an agent role, agents' connections log in as the owner and run as the agent role (set
+# at connection start); the journal's statements run as the owner, back in the session user.
+_AS_OWNER = b"SET LOCAL ROLE NONE"
 _LOCK_DEFAULT = b"SET LOCAL lock_timeout TO DEFAULT"
 _COMMIT = b"COMMIT"
 
@@ -83,6 +86,12 @@ def _journal_sql(journal: JournalName, encoding: str) -> _JournalSql:
         check=wire.encoded(journal.check_sql, False, encoding),
         record=wire.encoded(journal.record_sql, False, encoding),
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _as_role(role: str) -> wire.Command:
+    # A lower-case identifier (checked with the options): nothing to escape.
+    return wire.constant(b'SET LOCAL ROLE "%s"' % role.encode("ascii"))
 
 
 @functools.lru_cache(maxsize=64)
@@ -138,6 +147,29 @@ def _counting(body: bytes, journal: JournalName, first: int) -> bytes:
     )
 
 
+@functools.lru_cache(maxsize=1024)
+def _counting_alone(body: bytes) -> bytes:
+    """The write ``body`` keeping the number of rows it wrote in a transaction-local setting,
+    for the journal row that the owner inserts next (:func:`_journal_from_count`)."""
+    return (
+        b"WITH _corral_write AS (\n" + body + b"\nRETURNING 1\n) "
+        b"SELECT set_config('corral.write_rows', count(*)::text, true) FROM _corral_write"
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _journal_from_count(journal: JournalName, encoding: str) -> bytes:
+    """The journal row of a write run by :func:`_counting_alone`; parameters agent_id, key,
+    fingerprint, now."""
+    return (
+        f"INSERT INTO {journal.qualified} "
+        "(agent_id, key, fingerprint, state, result, created_at, completed_at) "
+        "SELECT $1, $2, $3, 'completed', jsonb_build_object("
+        "'columns', '[]'::jsonb, 'rows', '[]'::jsonb, 'row_count', "
+        "current_setting('corral.write_rows')::bigint, 'truncated', false), $4, $4"
+    ).encode(encoding)
+
+
 async def run_write(
     lease: Lease,
     plan: Plan,
@@ -149,8 +181,13 @@ async def run_write(
     now: datetime,
     key_wait_ms: int,
     max_rows: int,
+    agent_role: str | None = None,
 ) -> tuple[GatewayResult, StoredResult]:
     """Run the write ``plan`` with its journal row, in one transaction, and commit.
+
+    ``agent_role``: the role the connection runs agents' SQL as (set at its start), which has
+    no rights on the journal; the journal's statements then run as the session user, the
+    write alone as ``agent_role``, still in one transaction and one round trip.
 
     Raises :class:`KeyTaken` when ``(agent_id, key)`` is already journalled (the write was
     not run, or was rolled back), ``GatewayError("idempotency_in_progress")`` when another
@@ -181,15 +218,29 @@ async def run_write(
         ),
         row_types=(wire.TEXT_OID, wire.TEXT_OID, wire.TEXT_OID, stamp_type),
         lock=(b"%d" % journal.lock_key(agent_id, key),),
+        as_owner=[wire.constant(_AS_OWNER)] if agent_role else [],
+        as_agent=[_as_role(agent_role)] if agent_role else [],
     )
     body = None if sql in _UNWRAPPED else _countable(sql)
-    counting = None
-    if body is not None:
-        counting = wire.with_text(
-            wire.command(tx, _counting(body, journal, len(params) + 1), params),
-            write.row,
-            write.row_types,
-        )
+    counting: list[wire.Command] | None = None
+    if body is not None and agent_role:
+        # Two statements: one role each. The count passes in a transaction-local setting.
+        journal_sql = _journal_from_count(journal, encoding)
+        counting = [
+            wire.command(tx, _counting_alone(body), params),
+            *write.as_owner,
+            wire.Command(
+                journal_sql, write.row, write.row_types, None, (journal_sql, write.row_types)
+            ),
+        ]
+    elif body is not None:
+        counting = [
+            wire.with_text(
+                wire.command(tx, _counting(body, journal, len(params) + 1), params),
+                write.row,
+                write.row_types,
+            )
+        ]
     return await write.run(sql, params, counting)
 
 
@@ -216,18 +267,23 @@ class _Write:
     row: tuple[bytes, ...]  # agent_id, key, fingerprint, now: dumped
     row_types: tuple[int, ...]
     lock: tuple[bytes]  # the key's advisory lock, dumped
+    as_owner: list[wire.Command]  # back to the session user (empty without an agent role)
+    as_agent: list[wire.Command]  # to the agent role (empty without one)
 
     async def run(
-        self, sql: bytes, params: Sequence[Any], counting: wire.Command | None
+        self, sql: bytes, params: Sequence[Any], counting: list[wire.Command] | None
     ) -> tuple[GatewayResult, StoredResult]:
-        """The write ``sql`` with ``params``, wrapped as ``counting`` when it can be."""
+        """The write ``sql`` with ``params``, wrapped as ``counting`` when it can be (the write
+        first, then what records its journal row)."""
         waiting = False  # the key was held: wait for it (up to key_wait_ms) this time
         stale = False  # a prepared statement went stale: sent once more
         while True:
-            head, lock_at = self._head(waiting)
+            head, lock_at, check_at = self._head(waiting)
             at = len(head)  # where the write is
             if counting is not None:
-                groups = await _committing(self.lease, [*head, counting, _COMMIT_COMMAND], self.key)
+                groups = await _committing(
+                    self.lease, [*head, *counting, _COMMIT_COMMAND], self.key
+                )
             else:
                 groups, _ = await wire.run_pipeline(
                     self.lease, [*head, wire.command(self.tx, sql, params)]
@@ -253,7 +309,7 @@ class _Write:
                     key=self.key,
                     waited_ms=self.key_wait_ms,
                 )
-            if (index == at - 1 and state == "22012") or self._journalled(index, at, error):
+            if (index == check_at and state == "22012") or self._journalled(index, at, error):
                 raise KeyTaken(self.key)
             if counting is not None and index == at and state in _UNWRAPPABLE_STATES:
                 if not wire.stale_plan(error, self.lease) and len(_UNWRAPPED) < 1024:
@@ -265,21 +321,27 @@ class _Write:
                 continue
             raise error
 
-    def _head(self, waiting: bool) -> tuple[list[wire.Command], int]:
-        """BEGIN, the key's lock, the journal check; and where the lock is."""
+    def _head(self, waiting: bool) -> tuple[list[wire.Command], int, int]:
+        """BEGIN, the key's lock, the journal check (as the owner, then back to the agent
+        role, when there is one); and where the lock and the check are."""
         statements = self.statements
         check = wire.Command(statements.check, self.row[:2], _TWO_TEXTS, None, statements.check_key)
         if not waiting:
             try_lock = wire.Command(statements.try_lock, self.lock, _INT8, None, statements.try_key)
-            return [_BEGIN_COMMAND, try_lock, check], 1
-        lock = wire.Command(statements.lock, self.lock, _INT8, None, statements.lock_key)
-        return [
-            _BEGIN_COMMAND,
-            _lock_timeout(self.key_wait_ms),
-            lock,
-            wire.constant(_LOCK_DEFAULT),
-            check,
-        ], 2
+            head = [_BEGIN_COMMAND, try_lock, *self.as_owner]
+            lock_at = 1
+        else:
+            lock = wire.Command(statements.lock, self.lock, _INT8, None, statements.lock_key)
+            head = [
+                _BEGIN_COMMAND,
+                _lock_timeout(self.key_wait_ms),
+                lock,
+                wire.constant(_LOCK_DEFAULT),
+                *self.as_owner,
+            ]
+            lock_at = 2
+        check_at = len(head)
+        return [*head, check, *self.as_agent], lock_at, check_at
 
     def _journalled(self, index: int, at: int, error: psycopg.Error) -> bool:
         """Whether the journal's own key refused the row: a transaction that held the key
@@ -309,7 +371,7 @@ class _Write:
         record = wire.Command(
             self.statements.record, values, types, None, (self.statements.record, types)
         )
-        groups = await _committing(lease, [record, _COMMIT_COMMAND], self.key)
+        groups = await _committing(lease, [*self.as_owner, record, _COMMIT_COMMAND], self.key)
         failed = wire.first_error(groups, lease)
         if failed is not None:
             await wire.rollback(lease)
