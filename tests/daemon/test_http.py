@@ -878,13 +878,13 @@ def test_every_gateway_code_answers_with_its_status() -> None:
     statuses = {
         400: "parse_error multiple_statements forbidden_statement forbidden_function "
         "unknown_table unknown_column invalid_operation idempotency_key_required "
-        "read_only_violation invalid_data",
+        "read_only_violation invalid_data statement_too_complex",
         408: "statement_timeout",
         409: "idempotency_in_progress outcome_unknown constraint_violation transaction_conflict",
         422: "idempotency_conflict",
         423: "agent_frozen",
-        429: "pool_exhausted",
-        500: "database_error",
+        429: "pool_exhausted analysis_busy",
+        500: "database_error analysis_error",
         503: "database_unavailable",
     }
     expected = {code: status for status, codes in statuses.items() for code in codes.split()}

@@ -735,6 +735,15 @@ ESCAPES: tuple[Escape, ...] = (
         "forbidden_statement",
         "EXPLAIN of a write whose last ANALYZE option is on",
     ),
+    # statements that crashed the parser (C stack) or the analysis (RecursionError)
+    Escape("SELECT 1" + "+1" * 100_000, "statement_too_complex", "200 KB operator chain"),
+    Escape("SELECT 1" + "+1" * 2_000, "statement_too_complex", "2,000-term operator chain"),
+    Escape(
+        "SELECT " + "(SELECT " * 200 + "1" + ")" * 200,
+        "statement_too_complex",
+        "200 nested subqueries",
+    ),
+    Escape("SELECT " + "(" * 12_000 + "1" + ")" * 12_000, "statement_too_complex", "parens"),
 )
 
 

@@ -217,6 +217,11 @@ SQLITE_ESCAPES: tuple[SqliteEscape, ...] = (
         "harmless",
         "a long loop, bounded by the timeout",
     ),
+    # statements that crashed the PostgreSQL parser or analysis: SQLite's limits hold
+    _E("SELECT 1" + "+1" * 100_000, "statement_too_complex", "200 KB operator chain"),
+    _E("SELECT 1" + "+1" * 2_000, "statement_too_complex", "2,000-term operator chain"),
+    _E("SELECT " + "(SELECT " * 200 + "1" + ")" * 200, "statement_too_complex", "subqueries"),
+    _E("SELECT " + "(" * 12_000 + "1" + ")" * 12_000, "statement_too_complex", "parens"),
 )
 
 _PLACEHOLDER = re.compile(r"\$(\d+)")

@@ -148,6 +148,7 @@ def test_every_gateway_code_has_a_documented_signal() -> None:
     }
     refusals = {
         "parse_error",
+        "statement_too_complex",
         "multiple_statements",
         "forbidden_statement",
         "forbidden_function",

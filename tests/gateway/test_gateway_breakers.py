@@ -39,7 +39,8 @@ def _sleeping(dsn: str, agent: str) -> int:
     """How many of ``agent``'s statements are inside pg_sleep right now."""
     rows = fetch(
         dsn,
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND application_name = %s "
         "AND state = 'active' AND wait_event = 'PgSleep'",
         [f"corral-gateway:{agent}"],
     )

@@ -38,6 +38,7 @@ STATUS: dict[str, int] = {
     "daemon_unreachable": 503,
     # the gateway
     "parse_error": 400,
+    "statement_too_complex": 400,
     "multiple_statements": 400,
     "forbidden_statement": 400,
     "forbidden_function": 400,
@@ -54,7 +55,9 @@ STATUS: dict[str, int] = {
     "transaction_conflict": 409,
     "agent_frozen": 423,
     "pool_exhausted": 429,
+    "analysis_busy": 429,
     "database_error": 500,
+    "analysis_error": 500,
     "database_unavailable": 503,
 }
 

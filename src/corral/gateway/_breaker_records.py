@@ -38,6 +38,7 @@ _ERRORS = (
 )
 _REFUSALS = (
     "parse_error",
+    "statement_too_complex",
     "multiple_statements",
     "forbidden_statement",
     "forbidden_function",
@@ -54,6 +55,9 @@ _NEUTRAL = (
     "idempotency_in_progress",
     "outcome_unknown",
     "pool_exhausted",
+    "analysis_busy",
+    # the gateway's own failure, not the agent's: counted nowhere
+    "analysis_error",
     "database_unavailable",
     "agent_frozen",
 )

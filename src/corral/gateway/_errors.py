@@ -12,6 +12,7 @@ from corral.kernel import RefusalError
 # code -> retryable (the daemon keeps each code's HTTP status)
 CODES: dict[str, bool] = {
     "parse_error": False,
+    "statement_too_complex": False,
     "multiple_statements": False,
     "forbidden_statement": False,
     "forbidden_function": False,
@@ -25,6 +26,8 @@ CODES: dict[str, bool] = {
     "outcome_unknown": False,
     "agent_frozen": False,
     "pool_exhausted": True,
+    "analysis_busy": True,
+    "analysis_error": False,
     "statement_timeout": True,
     "invalid_data": False,
     "constraint_violation": False,
@@ -48,6 +51,17 @@ class GatewayError(RefusalError):
             raise ValueError(f"unknown gateway error code {code!r}")
         super().__init__(message, retryable=CODES[code], **details)
         self.code = code  # type: ignore[misc]  # per instance: one class, many codes
+
+
+def statement_too_long(chars: int, limit: int) -> GatewayError:
+    """The refusal of a statement of ``chars`` characters, past ``limit``."""
+    return GatewayError(
+        "statement_too_complex",
+        f"the statement is {chars} characters long; the gateway takes at most {limit}: "
+        "split the work, or pass long lists of values as parameters",
+        limit=limit,
+        chars=chars,
+    )
 
 
 # SQLSTATEs of a transaction rolled back for a concurrent one: serialization failure, deadlock.

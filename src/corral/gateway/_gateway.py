@@ -3,8 +3,11 @@ reloads, the idempotency key, hooks, breakers) over a PostgreSQL or SQLite engin
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import inspect
+import logging
+import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +25,8 @@ from corral.gateway._catalog import Catalog
 from corral.gateway._connector import Connector
 from corral.gateway._dsn import engine_of
 from corral.gateway._engine import Engine
-from corral.gateway._errors import GatewayError
+from corral.gateway._errors import GatewayError, statement_too_long
+from corral.gateway._parse_threads import INLINE_CHARS, MAX_STATEMENT_CHARS
 from corral.gateway._request import request_text
 from corral.gateway._result import GatewayResult, QueryOutcome, outcome_code
 from corral.gateway.postgres._engine import PostgresEngine, PostgresOptions
@@ -50,6 +54,10 @@ class _Unset(enum.Enum):
 _UNSET: Final = _Unset.UNSET
 _UNKNOWN = ("unknown_table", "unknown_column")
 _DEFAULT_BREAKER = BreakerPolicy()
+# Ten times a long hand-written or generated statement (an IN list of 10,000 ids is ~70,000
+# characters), a tenth of the daemon's body limit; analysed in ~0.1 s (docs/gateway.md).
+DEFAULT_MAX_STATEMENT_CHARS: Final = 100_000
+_log = logging.getLogger("corral.gateway")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,6 +67,13 @@ class _Hooks:
     observe: ObserveHook | None
     frozen: FrozenHook | None
     on_freeze: OnFreezeHook | None
+    max_statement_chars: int = DEFAULT_MAX_STATEMENT_CHARS
+
+
+def _release(analysing: set[str], agent_id: str, done: asyncio.Future[Any]) -> None:
+    analysing.discard(agent_id)
+    if not done.cancelled():
+        done.exception()  # retrieved: the caller may be gone
 
 
 def _absent(where: str, engine: str, **given: object) -> None:
@@ -90,6 +105,11 @@ class Gateway:
             )
         self._checks_frozen = self._breakers is not None or hooks.frozen is not None
         self._reports = self._breakers is not None or hooks.observe is not None
+        self._max_chars = hooks.max_statement_chars
+        # A statement longer than this is checked before analysis (length, the agent's
+        # analyses in flight); a shorter one is analysed inline, on the fast path.
+        self._watched_chars = min(INLINE_CHARS, self._max_chars)
+        self._analysing: set[str] = set()  # agents with a long statement in analysis
 
     @classmethod
     def connect(
@@ -103,6 +123,7 @@ class Gateway:
         observe: ObserveHook | None = None,
         frozen: FrozenHook | None = None,
         on_freeze: OnFreezeHook | None = None,
+        max_statement_chars: int = DEFAULT_MAX_STATEMENT_CHARS,
         pool_size: int | _Unset = _UNSET,
         journal_schema: str | _Unset = _UNSET,
         journal_table: str | _Unset = _UNSET,
@@ -168,9 +189,10 @@ class Gateway:
             )
             options.check(where)
             engine = PostgresEngine(options)
-        return Connector(
-            cls(engine, cls._hooks_of(where, clock, breaker, observe, frozen, on_freeze))
+        hooks = cls._hooks_of(
+            where, clock, breaker, observe, frozen, on_freeze, max_statement_chars
         )
+        return Connector(cls(engine, hooks))
 
     @staticmethod
     def _hooks_of(
@@ -180,14 +202,28 @@ class Gateway:
         observe: ObserveHook | None,
         frozen: FrozenHook | None,
         on_freeze: OnFreezeHook | None,
+        max_statement_chars: int = DEFAULT_MAX_STATEMENT_CHARS,
     ) -> _Hooks:
         for name, hook in (("observe", observe), ("frozen", frozen), ("on_freeze", on_freeze)):
             if hook is not None:
                 v.callable_(where, name, hook)
         if breaker is not None:
             v.instance_of(where, "breaker", breaker, BreakerPolicy)
+        v.positive_int(where, "max_statement_chars", max_statement_chars)
+        if max_statement_chars > MAX_STATEMENT_CHARS:
+            raise InvalidArgumentError(
+                where,
+                "max_statement_chars",
+                f"a positive integer of at most {MAX_STATEMENT_CHARS}",
+                max_statement_chars,
+            )
         return _Hooks(
-            clock=clock, breaker=breaker, observe=observe, frozen=frozen, on_freeze=on_freeze
+            clock=clock,
+            breaker=breaker,
+            observe=observe,
+            frozen=frozen,
+            on_freeze=on_freeze,
+            max_statement_chars=max_statement_chars,
         )
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -325,13 +361,12 @@ class Gateway:
         planned = None
         try:
             await engine.refresh_if_old()
-            try:
-                planned = await engine.plan(request, engine.catalog)
-            except GatewayError as exc:
-                # The schema may have grown: analyse again against a reloaded catalog.
-                if exc.code not in _UNKNOWN or not await engine.reload_catalog("refused"):
-                    raise
-                planned = await engine.plan(request, engine.catalog)
+            is_mapping = type(request) is dict or isinstance(request, Mapping)
+            sql = request.get("sql") if is_mapping else None
+            if type(sql) is str and len(sql) > self._watched_chars:
+                planned = await self._plan_long(agent_id, request, sql)
+            else:
+                planned = await self._plan(request)
             try:
                 if planned.kind == "read":
                     result = await engine.read(agent_id, planned)
@@ -358,6 +393,57 @@ class Gateway:
         if self._reports:
             await self._report(agent_id, request, planned, outcome_code(result), None, result)
         return result
+
+    async def _plan(self, request: Any) -> Any:
+        engine = self._engine
+        try:
+            try:
+                return await engine.plan(request, engine.catalog)
+            except GatewayError as exc:
+                # The schema may have grown: analyse again against a reloaded catalog.
+                if exc.code not in _UNKNOWN or not await engine.reload_catalog("refused"):
+                    raise
+                return await engine.plan(request, engine.catalog)
+        except GatewayError:
+            raise
+        except RecursionError:
+            _log.warning("analysis of a request recursed too deeply", exc_info=True)
+            raise GatewayError(
+                "statement_too_complex",
+                "the statement nests too deeply for the gateway's analysis (Python's recursion "
+                f"limit, {sys.getrecursionlimit()}, was reached): flatten it",
+                limit=sys.getrecursionlimit(),
+            ) from None
+        except Exception as exc:
+            # Last resort: nothing but GatewayError leaves query(), and the cause is logged.
+            _log.error("analysis of a request failed unexpectedly", exc_info=True)
+            raise GatewayError(
+                "analysis_error",
+                f"the gateway failed to analyse the request ({type(exc).__name__}); this is "
+                "the gateway's fault, logged with its cause: retrying will not help",
+                exception=type(exc).__name__,
+            ) from None
+
+    async def _plan_long(self, agent_id: str, request: Any, sql: str) -> Any:
+        """Plan a statement past the inline length: refused when too long, or when the agent
+        already has one in analysis (so one agent takes at most one analysis thread)."""
+        if len(sql) > self._max_chars:
+            raise statement_too_long(len(sql), self._max_chars)
+        analysing = self._analysing
+        if agent_id in analysing:
+            raise GatewayError(
+                "analysis_busy",
+                f"agent {agent_id!r} already has a long statement (over {INLINE_CHARS} "
+                "characters) in analysis; retry when it is answered",
+                limit=1,
+                agent_id=agent_id,
+            )
+        analysing.add(agent_id)
+        # Shielded: a caller that gives up leaves its analysis running on its thread, and the
+        # agent's slot taken until it ends, so giving up and sending again piles up nothing.
+        task = asyncio.ensure_future(self._plan(request))
+        task.add_done_callback(lambda done: _release(analysing, agent_id, done))
+        return await asyncio.shield(task)
 
     async def _check_frozen(self, agent_id: str) -> None:
         if self._breakers is not None:

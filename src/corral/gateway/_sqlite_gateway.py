@@ -7,7 +7,7 @@ from pathlib import Path
 
 from corral.gateway._breaker_records import BreakerPolicy
 from corral.gateway._connector import Connector
-from corral.gateway._gateway import Gateway, OnFreezeHook
+from corral.gateway._gateway import DEFAULT_MAX_STATEMENT_CHARS, Gateway, OnFreezeHook
 from corral.gateway.sqlite._engine import SQLiteEngine, sqlite_engine
 from corral.kernel import SYSTEM_CLOCK, Clock
 
@@ -31,6 +31,7 @@ class SQLiteGateway(Gateway):
         breaker: BreakerPolicy | None = _DEFAULT_BREAKER,
         clock: Clock = SYSTEM_CLOCK,
         on_freeze: OnFreezeHook | None = None,
+        max_statement_chars: int = DEFAULT_MAX_STATEMENT_CHARS,
     ) -> Connector[SQLiteGateway]:
         """A gateway to the existing SQLite file ``path``, opened when awaited or entered;
         the same as ``Gateway.connect("sqlite:///" + path, ...)``.
@@ -49,7 +50,7 @@ class SQLiteGateway(Gateway):
             max_rows=max_rows,
             clock=clock,
         )
-        hooks = cls._hooks_of(where, clock, breaker, None, None, on_freeze)
+        hooks = cls._hooks_of(where, clock, breaker, None, None, on_freeze, max_statement_chars)
         return Connector(cls(engine, hooks))
 
     @property

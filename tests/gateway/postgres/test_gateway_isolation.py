@@ -29,7 +29,8 @@ def _backends(dsn: str, agent: str) -> dict[int, str]:
     """``{pid: state}`` of the server backends of ``agent``'s connections."""
     rows = fetch(
         dsn,
-        "SELECT pid, state FROM pg_stat_activity WHERE application_name = %s",
+        "SELECT pid, state FROM pg_stat_activity "
+        "WHERE datname = current_database() AND application_name = %s",
         [f"corral-gateway:{agent}"],
     )
     return {int(pid): str(state) for pid, state in rows}
@@ -38,7 +39,8 @@ def _backends(dsn: str, agent: str) -> dict[int, str]:
 def _sleeping(dsn: str, agent: str) -> set[int]:
     rows = fetch(
         dsn,
-        "SELECT pid FROM pg_stat_activity WHERE application_name = %s "
+        "SELECT pid FROM pg_stat_activity "
+        "WHERE datname = current_database() AND application_name = %s "
         "AND state = 'active' AND wait_event = 'PgSleep'",
         [f"corral-gateway:{agent}"],
     )

@@ -412,7 +412,8 @@ async def test_a_lost_connection_is_unavailable_then_recovers(shop_dsn: str) -> 
         await gw.query(AGENT, {"sql": "SELECT 1 AS one"})
         killed = fetch(
             shop_dsn,
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND application_name = %s",
             [f"corral-gateway:{AGENT}"],
         )
         assert killed == [(True,)]

@@ -21,7 +21,8 @@ from corral.gateway._sql_functions import (
     forbidden_type_reason,
 )
 from corral.gateway.postgres._names import Resolver
-from corral.gateway.postgres._sql import Analysis, SqlAnalyzer, _parse, analyze
+from corral.gateway.postgres._parse import parse
+from corral.gateway.postgres._sql import Analysis, SqlAnalyzer, analyze
 from corral.gateway.postgres._tree import unwrap
 from corral.kernel import InvalidArgumentError
 from tests.gateway.corpus import ESCAPES, VALID_READS, load_shop_postgres, load_shop_sqlite
@@ -961,7 +962,7 @@ def test_resolution_reaches_every_subquery_relation_and_type_the_parser_produced
         "UPDATE orders SET status = 'x' WHERE id IN (SELECT o.id FROM orders o FOR UPDATE OF o)"
     )
     for sql in statements:
-        kind, stmt = unwrap(_parse(sql)[0]["stmt"])
+        kind, stmt = unwrap(parse(sql)[0]["stmt"])
         if kind == "ExplainStmt":
             kind, stmt = unwrap(stmt["query"])
         resolver = _Recording(sql, SHOP)
@@ -1378,3 +1379,32 @@ def test_a_value_for_a_column_of_a_catalog_object_type_is_refused() -> None:
         with pytest.raises(GatewayError) as info:
             compile_operation(request, catalog)
         assert info.value.code == "forbidden_function", request
+
+
+# --- too long, too deep ------------------------------------------------------------------------
+
+
+def test_analyze_refuses_past_the_longest_statement_any_gateway_takes() -> None:
+    error = refused("SELECT 1" + " " * 1_000_000)
+    assert error.code == "statement_too_complex"
+    assert error.details == {"limit": 1_000_000, "chars": 1_000_008}
+
+
+@pytest.mark.parametrize(
+    ("terms", "depth"), [(244, None), (245, 501), (2_000, 4_011), (100_000, 200_011)]
+)
+def test_a_chain_of_operators_is_refused_past_the_tree_depth(terms: int, depth: int | None) -> None:
+    # 100,000 terms is past what the main thread's C stack holds: parsed on a deep stack.
+    sql = "SELECT 1" + "+1" * terms
+    if depth is None:
+        assert analyze(sql, SHOP).kind == "read"
+        return
+    error = refused(sql)
+    assert error.code == "statement_too_complex"
+    assert error.details == {"limit": 500, "depth": depth}
+    assert error.retryable is False
+
+
+def test_brackets_inside_strings_do_not_count_as_depth() -> None:
+    # The depth is counted on the tree's JSON text: brackets in a string value are not nesting.
+    assert analyze("SELECT '" + "{[" * 3_000 + "' AS x", SHOP).kind == "read"

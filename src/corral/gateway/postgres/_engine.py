@@ -3,7 +3,9 @@ catalog keeper and its keyed writes, and the one-round-trip read."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -13,6 +15,7 @@ from psycopg.conninfo import conninfo_to_dict
 from corral.gateway._breaker_journal import FreezeJournal, PostgresFreezeJournal
 from corral.gateway._catalog import Catalog
 from corral.gateway._errors import GatewayError
+from corral.gateway._parse_threads import INLINE_CHARS, off_loop
 from corral.gateway._result import GatewayResult
 from corral.gateway.postgres._catalog import CatalogKeeper
 from corral.gateway.postgres._execute import map_error, run_read
@@ -20,6 +23,7 @@ from corral.gateway.postgres._journal import JournalName, check_identifier
 from corral.gateway.postgres._keys import KeyedWrites
 from corral.gateway.postgres._plan import Planned, plan_request
 from corral.gateway.postgres._pools import AgentPools
+from corral.gateway.postgres._sql import analyze_fully, is_analysed
 from corral.kernel import Clock
 from corral.kernel import _validate as v
 from corral.kernel._errors import InvalidArgumentError
@@ -167,6 +171,12 @@ class PostgresEngine:
     # --- requests -----------------------------------------------------------------------------
 
     async def plan(self, request: Any, catalog: Catalog) -> Planned:
+        sql = request.get("sql") if isinstance(request, Mapping) else None
+        if type(sql) is str and len(sql) > INLINE_CHARS and not is_analysed(sql, catalog):
+            # A long statement is analysed off the event loop (a short one inline: the read
+            # path stays as fast); its answer, refusals included, is cached for the plan.
+            with contextlib.suppress(GatewayError):
+                await off_loop(analyze_fully, sql, catalog)
         return plan_request(request, catalog)
 
     async def read(self, agent_id: str, planned: Planned) -> GatewayResult:

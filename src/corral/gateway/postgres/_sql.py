@@ -4,8 +4,6 @@ by statement text and catalog version."""
 
 from __future__ import annotations
 
-import importlib
-import json
 import re
 import threading
 from collections import OrderedDict
@@ -25,6 +23,7 @@ from corral.gateway._sql_functions import (
 )
 from corral.gateway.postgres._filtered import filtered
 from corral.gateway.postgres._names import Resolver
+from corral.gateway.postgres._parse import deparse, parse
 from corral.gateway.postgres._tree import (
     Node,
     char_position,
@@ -34,16 +33,15 @@ from corral.gateway.postgres._tree import (
 )
 from corral.kernel._validate import instance_of, positive_int
 
-__all__ = ["Analysis", "AnalyzerCacheInfo", "SqlAnalyzer", "analyze"]
+__all__ = [
+    "Analysis",
+    "AnalyzerCacheInfo",
+    "SqlAnalyzer",
+    "analyze",
+    "analyze_fully",
+    "is_analysed",
+]
 
-# postgast's generated protobuf stub does not parse under mypy, so its modules are loaded
-# untyped. The analysis walks libpg_query's JSON tree (plain dicts walk several times faster
-# than protobuf objects); the canonical text comes from libpg_query's deparser, in C.
-_native: Any = importlib.import_module("postgast.native")
-_errors: Any = importlib.import_module("postgast.errors")
-_LIB = _native.lib
-_check_error: Callable[[Any], None] = _errors.check_error
-PgQueryError: Any = _errors.PgQueryError
 
 _STATEMENT_NAMES = {
     "VariableShowStmt": "SHOW",
@@ -108,7 +106,7 @@ class Analysis:
         """
         normalized = self._normalized
         if normalized is None:
-            normalized = _deparse(self.sql)
+            normalized = deparse(self.sql)
             object.__setattr__(self, "_normalized", normalized)
         return normalized
 
@@ -160,6 +158,11 @@ class SqlAnalyzer:
             raise entry.error()
         return entry
 
+    def has(self, sql: str, catalog: Catalog) -> bool:
+        """Whether the answer for ``sql`` and ``catalog`` (an analysis or a refusal) is
+        cached."""
+        return (sql, catalog.version) in self._cache
+
     def cache_info(self) -> AnalyzerCacheInfo:
         with self._lock:
             return AnalyzerCacheInfo(
@@ -186,51 +189,25 @@ def analyze(sql: str, catalog: Catalog) -> Analysis:
     return _DEFAULT_ANALYZER.analyze(sql, catalog)
 
 
+def is_analysed(sql: str, catalog: Catalog) -> bool:
+    """Whether :func:`analyze` answers ``sql`` for ``catalog`` from its cache."""
+    return _DEFAULT_ANALYZER.has(sql, catalog)
+
+
+def analyze_fully(sql: str, catalog: Catalog) -> Analysis:
+    """:func:`analyze`, with a write's ``normalized`` text worked out too (for a caller on
+    another thread than the one that uses it)."""
+    analysis = analyze(sql, catalog)
+    if analysis.kind == "write":
+        _ = analysis.normalized
+    return analysis
+
+
 # --- the analysis -----------------------------------------------------------------------------
 
 
-def _parse(sql: str) -> list[Node]:
-    try:
-        result = _LIB.pg_query_parse(sql.encode("utf-8"))
-        try:
-            _check_error(result)
-            tree = json.loads(result.parse_tree)
-        finally:
-            _LIB.pg_query_free_parse_result(result)
-    except PgQueryError as exc:
-        # libpg_query reports this position in characters already (node locations are bytes).
-        position = exc.cursorpos if exc.cursorpos > 0 else None
-        where = f" at position {position}" if position is not None else ""
-        raise GatewayError(
-            "parse_error",
-            f"SQL does not parse: {exc.message}{where}",
-            position=position,
-            parser_message=exc.message,
-        ) from None
-    statements: list[Node] = tree.get("stmts", [])
-    return statements
-
-
-def _deparse(sql: str) -> str:
-    try:
-        parsed = _LIB.pg_query_parse_protobuf(sql.encode("utf-8"))
-        try:
-            _check_error(parsed)
-            result = _LIB.pg_query_deparse_protobuf(parsed.parse_tree)
-            try:
-                _check_error(result)
-                text: bytes = result.query
-                return text.decode("utf-8")
-            finally:
-                _LIB.pg_query_free_deparse_result(result)
-        finally:
-            _LIB.pg_query_free_protobuf_parse_result(parsed)
-    except PgQueryError:  # pragma: no cover - what parses also deparses
-        return " ".join(sql.split())
-
-
 def _analyze(sql: str, catalog: Catalog) -> Analysis:
-    statements = _parse(sql)
+    statements = parse(sql)
     if not statements:
         raise GatewayError(
             "parse_error",

@@ -57,6 +57,7 @@ _FILTERS = frozenset(
 _CACHED_CODES = frozenset(
     {
         "parse_error",
+        "statement_too_complex",
         "multiple_statements",
         "forbidden_statement",
         "forbidden_function",
@@ -67,6 +68,7 @@ _CACHED_CODES = frozenset(
 )
 _NO_SUCH_COLUMN = re.compile(r"no such column: (.+)\Z", re.DOTALL)
 _NO_SUCH_TABLE = re.compile(r"no such table: (?:main\.)?(.+)\Z", re.DOTALL)
+_TOO_DEEP = re.compile(r"Expression tree is too large \(maximum depth (\d+)\)")
 _NO_SUCH_FUNCTION = re.compile(r"no such function: (.+)\Z", re.DOTALL)
 
 
@@ -342,7 +344,8 @@ def compile_error(exc: BaseException, sql: str, catalog: Catalog) -> GatewayErro
     """A SQLite compilation failure of ``sql`` as the ``GatewayError`` the agent is given:
     ``unknown_table`` / ``unknown_column`` with close matches from ``catalog``,
     ``forbidden_function`` for a missing function on the forbidden list,
-    ``database_unavailable`` for a locked or missing file, else ``parse_error``."""
+    ``database_unavailable`` for a locked or missing file, ``statement_too_complex`` past
+    SQLite's depth limits, else ``parse_error``."""
     text = str(exc).strip()
     lowered = text.lower()
     if isinstance(exc, sqlite3.OperationalError) and (
@@ -366,6 +369,17 @@ def compile_error(exc: BaseException, sql: str, catalog: Catalog) -> GatewayErro
         reason = forbidden_function_reason(match.group(1), "sqlite")
         if reason is not None:
             return forbidden_function(match.group(1), reason)
+    too_deep = _TOO_DEEP.match(text)
+    if too_deep is not None or text == "parser stack overflow":
+        # SQLite's own limits: SQLITE_MAX_EXPR_DEPTH, and its parser's stack of 100 entries.
+        limit = int(too_deep.group(1)) if too_deep is not None else 100
+        return GatewayError(
+            "statement_too_complex",
+            f"the statement nests deeper than SQLite compiles ({text}; at most {limit} "
+            "levels): flatten it",
+            limit=limit,
+            database_message=text,
+        )
     return _parse_error(f"SQL does not compile: {text}", text)
 
 
