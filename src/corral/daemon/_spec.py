@@ -10,9 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from corral.daemon._errors import InvalidSpecError
+from corral.daemon._text import json_problems
 from corral.kernel import ExecutionBudget, SpawnBudget
 
 NOTIFY_KINDS = ("done", "failed", "blocked")
+SPEC_IDENTIFIERS = frozenset({"name", "parent"})
 _FUNCTION_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
@@ -126,6 +128,11 @@ class AgentSpec(_Model):
             bad("spawnBudget", "only a root agent (no parent) sets its run's spawn budget")
         return problems
 
+    def text_problems(self) -> list[dict[str, Any]]:
+        """Text no store could keep (a lone surrogate or NUL, in any field), and control
+        characters in ``name`` and ``parent`` (names are printed and passed on)."""
+        return json_problems(self.to_json(), identifiers=SPEC_IDENTIFIERS)
+
     def to_json(self) -> dict[str, Any]:
         """The spec as JSON with camelCase keys, defaults included."""
         return self.model_dump(mode="json", by_alias=True)
@@ -140,6 +147,9 @@ def parse_spec(data: Any) -> AgentSpec:
     except pydantic.ValidationError as exc:
         raise InvalidSpecError(problems_of(exc)) from None
     problems = spec.cross_field_problems()
+    # A field the cross-field checks already found wanting (NUL in argv, say) is told once.
+    seen = {p["field"].split(".")[0] for p in problems}
+    problems += [p for p in spec.text_problems() if p["field"].split(".")[0] not in seen]
     if problems:
         raise InvalidSpecError(problems)
     return spec

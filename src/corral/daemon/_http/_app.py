@@ -23,14 +23,13 @@ import corral
 from corral.daemon._api import ScopedService
 from corral.daemon._auth import AGENT_SCOPE_KEY, agent_of_token
 from corral.daemon._databases import Databases
-from corral.daemon._errors import UnauthorizedError
+from corral.daemon._errors import InvalidRequestError, UnauthorizedError
 from corral.daemon._http import _agents, _gateway
 from corral.daemon._http._common import (
     ApiRoute,
     BodyTooLargeError,
     ForbiddenOriginError,
     InternalError,
-    InvalidRequestError,
     MethodNotAllowedError,
     RouteNotFoundError,
     error_response,
