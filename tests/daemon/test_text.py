@@ -272,3 +272,34 @@ async def test_the_store_refuses_what_it_cannot_keep_and_writes_nothing(
     again = await _open(new_store, opened)
     assert again.state.last_seq == 1
     assert [e.seq for e in await again.read()] == [1]
+
+
+# --- what the schemathesis suite found (tests/daemon/test_api_fuzz.py) ---------------------
+
+
+def test_the_openapi_document_lists_what_every_route_may_answer(front: FrontDoor) -> None:
+    document = front.app(token="t0ken-0123456789").openapi()
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            # Every route checks its parameters, so each may answer 400.
+            assert "400" in operation["responses"], (method, path)
+    assert document["paths"]["/healthz"]["get"]["security"] == []  # no token needed
+    assert "403" in document["paths"]["/events"]["get"]["responses"]  # an agent's token
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"budget": {"maxTokens": True}},
+        {"turnTimeoutS": True},
+        {"maxConsecutiveFailures": "3"},
+        {"spawnBudget": {"allowPreempt": 1}},
+    ],
+)
+async def test_spec_numbers_and_booleans_are_strict(
+    front: FrontDoor, extra: dict[str, Any]
+) -> None:
+    async with front.client() as client:
+        answer = await client.post("/agents", json={**WORKER, **extra})
+    assert problems(answer, "invalid_spec")
+    assert front.service.list_agents() == []

@@ -24,13 +24,17 @@ class _Model(BaseModel):
     )
 
 
+# Numbers and booleans are strict (``Field(strict=True)``): JSON's true is not the number 1,
+# and "5" is not 5, as in every other body of the API.
+
+
 class BudgetSpec(_Model):
     """Per-agent limits; each None means unlimited."""
 
-    max_tokens: int | None = Field(default=None, ge=0)
-    max_cost_usd: float | None = Field(default=None, ge=0, allow_inf_nan=False)
-    max_turns: int | None = Field(default=None, ge=0)
-    deadline_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    max_tokens: int | None = Field(default=None, ge=0, strict=True)
+    max_cost_usd: float | None = Field(default=None, ge=0, allow_inf_nan=False, strict=True)
+    max_turns: int | None = Field(default=None, ge=0, strict=True)
+    deadline_s: float | None = Field(default=None, ge=0, allow_inf_nan=False, strict=True)
 
     def to_budget(self) -> ExecutionBudget:
         return ExecutionBudget(
@@ -44,16 +48,16 @@ class BudgetSpec(_Model):
 class SpawnBudgetSpec(_Model):
     """The headcount cap of the run a root agent starts (root included)."""
 
-    max_agents: int = Field(default=50, ge=1)
-    allow_preempt: bool = True
+    max_agents: int = Field(default=50, ge=1, strict=True)
+    allow_preempt: bool = Field(default=True, strict=True)
 
     def to_budget(self) -> SpawnBudget:
         return SpawnBudget(max_agents=self.max_agents, allow_preempt=self.allow_preempt)
 
 
 class PriceSpec(_Model):
-    input_per_mtok_usd: float = Field(ge=0, allow_inf_nan=False)
-    output_per_mtok_usd: float = Field(ge=0, allow_inf_nan=False)
+    input_per_mtok_usd: float = Field(ge=0, allow_inf_nan=False, strict=True)
+    output_per_mtok_usd: float = Field(ge=0, allow_inf_nan=False, strict=True)
 
 
 class OpenAISpec(_Model):
@@ -81,13 +85,13 @@ class AgentSpec(_Model):
     env: dict[str, str] = Field(default_factory=dict)
     prompt: str | None = None
     on_failure: Literal["fail", "ask", "retry"] = "fail"
-    max_retries: int | None = Field(default=None, ge=0)
-    max_consecutive_failures: int = Field(default=3, ge=1)
+    max_retries: int | None = Field(default=None, ge=0, strict=True)
+    max_consecutive_failures: int = Field(default=3, ge=1, strict=True)
     parent: str | None = Field(default=None, min_length=1)
     notify_on: list[str] = Field(default_factory=list)
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     spawn_budget: SpawnBudgetSpec | None = None
-    turn_timeout_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
+    turn_timeout_s: float = Field(default=600.0, gt=0, allow_inf_nan=False, strict=True)
 
     def cross_field_problems(self) -> list[dict[str, Any]]:
         """Problems that need more than one field to see."""

@@ -271,7 +271,7 @@ ROUTES = [
         events,
         "The event log: SSE (resumable), or a page of JSON with format=json",
         responses={
-            **errors(400, 401, 404),
+            **errors(400, 401, 403, 404),
             200: {
                 "description": "SSE: `id` is the event's seq, `event` its type, `data` the "
                 "event as JSON; heartbeat comments keep the stream open",

@@ -232,13 +232,15 @@ class ApiRoute:
         extra = None
         if self.body is not None:
             extra = request_body_schema(self.body, required=self.body_required)
+        # Every route checks its parameters (check_parameters): each may answer 400.
+        responses = {**errors(400), **self.responses}
         app.add_api_route(
             self.path,
             self.endpoint,
             methods=[self.method],
             status_code=self.status_code,
             summary=self.summary,
-            responses=self.responses,
+            responses=responses,
             openapi_extra=extra,
             dependencies=[Depends(check_parameters)],
         )
