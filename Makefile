@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run tour test lint bench format clean
+.PHONY: run tour test lint bench format clean fuzz fuzz-api fuzz-stores
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,16 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/pytest
+
+# The property-based suites with many more examples than `make test` runs: the HTTP API
+# fuzzed from its OpenAPI document (schemathesis), and the stores (hypothesis).
+fuzz: fuzz-api fuzz-stores
+
+fuzz-api: $(STAMP)
+	CORRAL_FUZZ_EXAMPLES=200 $(BIN)/pytest -q -p no:randomly tests/daemon/test_api_fuzz.py
+
+fuzz-stores: $(STAMP)
+	CORRAL_FUZZ_EXAMPLES=300 $(BIN)/pytest -q -p no:randomly tests/daemon/test_store_properties.py
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -155,6 +155,34 @@ async def test_supervision_from_the_command_line(daemon: FrontDoor, tmp_path: Pa
     assert err.startswith(f"error agent_not_live: agent '{child}' is stopped;")
 
 
+HOSTILE = "\x1b[2J\x1b]0;pwned\x07red\r\nforged line\u202e"
+SHOWN = "\\x1b[2J\\x1b]0;pwned\\x07red\\r\\nforged line\\u202e"
+
+
+async def test_text_from_agents_is_printed_escaped_and_json_stays_exact(
+    daemon: FrontDoor, tmp_path: Path
+) -> None:
+    parent = await spawn(daemon, tmp_path, name="boss")
+    daemon.harness.script("w", fail(HOSTILE))
+    child = await spawn(daemon, tmp_path, prompt="go", onFailure="ask", parent=parent)
+    await settle(lambda: daemon.state(child) == "blocked")
+    for args in (["decisions"], ["show", child], ["inbox", parent]):
+        result = await corral("--url", daemon.url, *args)
+        assert result.exit_code == 0, result.output
+        shown = result.stdout
+        assert not {"\x1b", "\r", "\u202e"} & set(shown), args
+        assert "pwned" in shown or args[0] == "inbox", args  # the inbox shows the reason
+    decisions = (await corral("--url", daemon.url, "decisions")).stdout
+    assert SHOWN[:20] in decisions
+    assert not any(line.startswith("forged line") for line in decisions.splitlines())
+    exact = json.loads(ok(await corral("--url", daemon.url, "show", child, "--json")))
+    assert exact["error"] == HOSTILE
+    # A refusal's message (here the daemon's, naming a wrong id) is printed escaped too.
+    err = refused(await corral("--url", daemon.url, "stop", "a_\x1b[2J"), 2)
+    assert "\x1b" not in err
+    assert "error invalid_request:" in err
+
+
 async def test_events_reads_the_log(daemon: FrontDoor, tmp_path: Path) -> None:
     a = await spawn(daemon, tmp_path, prompt="go")
     await settle(lambda: daemon.state(a) == "idle")
@@ -203,6 +231,41 @@ async def test_events_follow_streams_live_events(daemon: FrontDoor, tmp_path: Pa
         _, stderr = await asyncio.wait_for(proc.communicate(), 20)
     assert proc.returncode == 0, stderr
     assert b"Traceback" not in stderr
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+async def test_a_reader_that_goes_away_ends_events_quietly(
+    daemon: FrontDoor, tmp_path: Path, as_json: bool
+) -> None:
+    # `corral events --follow | head -1`: once the reader is gone, the next event ends the
+    # command with the status of a SIGPIPE, and no traceback.
+    await spawn(daemon, tmp_path)
+    read_end, write_end = os.pipe()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "corral.cli",
+        "--url",
+        daemon.url,
+        "events",
+        "--follow",
+        *(["--json"] if as_json else []),
+        stdout=write_end,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    os.close(write_end)
+    try:
+        first = b""
+        while b"\n" not in first:
+            chunk = await asyncio.wait_for(asyncio.to_thread(os.read, read_end, 65536), 20)
+            assert chunk, "the command ended before its first line"
+            first += chunk
+    finally:
+        os.close(read_end)
+    await spawn(daemon, tmp_path, name="v")
+    _, stderr = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 141, stderr
+    assert stderr == b""
 
 
 # --- errors -------------------------------------------------------------------------------

@@ -117,12 +117,14 @@ async def test_http_api_maps_unknown_codes_to_remote_error(
     agent_id = (await http_api.spawn(SPEC))["id"]
     bad = httpx.AsyncClient(base_url=daemon.url)
     async with bad:
-        answer = await bad.post(f"/agents/{agent_id}/prompt", json={"text": 5})
+        answer = await bad.post(
+            f"/agents/{agent_id}/prompt", content=b"hi", headers={"content-type": "text/plain"}
+        )
     error = error_from_answer(answer.status_code, answer.json())
     assert isinstance(error, RemoteError)
-    assert (error.code, error.status) == ("invalid_request", 400)
-    assert "text" in error.message
-    assert error.details["problems"][0]["field"] == "text"
+    assert (error.code, error.status) == ("unsupported_media_type", 415)
+    assert "text/plain" in error.message
+    assert error.details["content_type"] == "text/plain"
     # Through HttpApi the same route answers the same way for an unknown agent id.
     with pytest.raises(AgentNotFoundError):
         await http_api.prompt("a_ffffffff", "x")

@@ -333,9 +333,11 @@ async def test_control_characters_are_refused_before_the_gateway(env: Env) -> No
         newline_by = await http.post(
             "/gateway/shop/agents/bot/reinstate", json={"by": "ops\n", "reason": "x"}
         )
-    for answer in (nul_agent, nul_reason, newline_by):
-        error = error_of(answer, 400, "invalid_argument")
-        assert "without control characters" in error["message"]
+    # Refused at the door, naming the field (the gateway's own check is behind it).
+    for answer, field in ((nul_agent, "agent"), (nul_reason, "reason"), (newline_by, "by")):
+        error = error_of(answer, 400, "invalid_request")
+        assert [p["field"] for p in error["details"]["problems"]] == [field]
+        assert "must not contain" in error["message"]
     assert env.databases.decisions() == []
 
 

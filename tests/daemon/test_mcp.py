@@ -142,7 +142,9 @@ async def test_refusals_are_tool_errors_with_the_code(front: FrontDoor) -> None:
         assert bad_args.is_error
         problems = structured(bad_args)["error"]["details"]["problems"]
         assert {p["field"] for p in problems} == {"agentId", "colour"}
-        assert text(bad_args).startswith("invalid_spec: invalid agent_prompt arguments: 2 problem")
+        assert text(bad_args).startswith(
+            "invalid_request: invalid agent_prompt arguments: 2 problem"
+        )
 
         with pytest.raises(MCPError) as unknown:
             await client.call_tool("agent_fly", {})

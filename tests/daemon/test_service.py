@@ -277,6 +277,38 @@ async def test_stop_cancels_a_running_turn(env: Env) -> None:
     await env.assert_replay_matches()
 
 
+@pytest.mark.parametrize("state", ["running", "idle"])
+async def test_a_stop_records_who_and_why_whatever_the_state(env: Env, state: str) -> None:
+    # A running (or idle) agent resolves no decision: the stop itself keeps who and why.
+    if state == "running":
+        env.harness.script("w", "hang")
+    agent_id = await env.spawn(name="w", prompt="go" if state == "running" else None)
+    await settle(lambda: env.service.get(agent_id)["state"] == state)
+    await env.service.stop(agent_id, by="ops", why="runaway")
+    stopped = (await env.events(agent_id))[-1]
+    assert stopped.data["to"] == "stopped"
+    assert (stopped.data["by"], stopped.data["why"]) == ("ops", "runaway")
+
+
+async def test_an_idempotency_conflict_on_the_same_command_says_what_differs(env: Env) -> None:
+    agent_id = await env.spawn(name="w")
+    await env.service.prompt(agent_id, "first", idempotency_key="k")
+    await env.service.settled(agent_id)
+    with pytest.raises(IdempotencyConflictError) as conflict:
+        await env.service.prompt(agent_id, "second", idempotency_key="k")
+    message = conflict.value.message
+    assert message == (
+        f"idempotency key 'k' was first used for prompt of agent {agent_id!r} with other "
+        "arguments (differing: text); use a new key for new work"
+    )
+    assert conflict.value.details["differs"] == ["text"]
+    spec = {"name": "x", "harness": "command", "command": ["true"]}
+    await env.service.spawn(spec, idempotency_key="s")
+    with pytest.raises(IdempotencyConflictError) as spawned:
+        await env.service.spawn({**spec, "name": "y"}, idempotency_key="s")
+    assert "spawn with other arguments (differing: spec.name)" in spawned.value.message
+
+
 async def test_stopping_a_blocked_agent_records_the_decision(env: Env) -> None:
     env.harness.script("w", fail())
     agent_id = await env.spawn(name="w", prompt="go", onFailure="ask")

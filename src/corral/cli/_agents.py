@@ -10,7 +10,7 @@ from rich.table import Table
 
 from corral.cli._calls import call, refusals
 from corral.cli._options import AgentArg, ByOpt, JsonOpt, KeyOpt, WhyOpt, target
-from corral.cli._output import cell, print_json, print_table, state, stdout
+from corral.cli._output import cell, print_json, print_table, say, state, stdout
 
 
 def spawn(
@@ -70,10 +70,7 @@ def prompt(
         target(ctx),
         lambda api: api.prompt(agent_id, text, by=by, why=why, idempotency_key=key),
     )
-    stdout().print(
-        f"{answer.get('id', agent_id)}: {answer.get('accepted', 'prompt')} accepted",
-        markup=False,
-    )
+    say(f"{answer.get('id', agent_id)}: {answer.get('accepted', 'prompt')} accepted")
 
 
 def stop(
@@ -85,7 +82,7 @@ def stop(
 ) -> None:
     """End an agent (a turn in flight is cancelled)."""
     answer = call(target(ctx), lambda api: api.stop(agent_id, by=by, why=why, idempotency_key=key))
-    stdout().print(f"{answer.get('id', agent_id)}: stop accepted", markup=False)
+    say(f"{answer.get('id', agent_id)}: stop accepted")
 
 
 def inbox(ctx: typer.Context, agent_id: AgentArg, as_json: JsonOpt = False) -> None:
@@ -97,7 +94,7 @@ def inbox(ctx: typer.Context, agent_id: AgentArg, as_json: JsonOpt = False) -> N
     table = Table("id", "from", "kind", "state", "detail", title=f"inbox of {cell(agent_id)}")
     for n in notices:
         detail = n.get("reason") or n.get("error") or n.get("output") or ""
-        who = f"{n.get('fromName', '')} ({n.get('from', '')})".strip()
+        who = cell(f"{n.get('fromName', '')} ({n.get('from', '')})".strip())
         table.add_row(
             cell(n.get("id")), who, cell(n.get("kind")), cell(n.get("state")), cell(detail)
         )

@@ -7,6 +7,8 @@ A new command is a module-level function in the module of its concept (``_agents
 import sys
 from typing import TYPE_CHECKING
 
+from corral.cli._output import ReaderGone
+
 if TYPE_CHECKING:
     import typer
 
@@ -56,4 +58,9 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError:
         print(f"corral: {INSTALL_HINT}", file=sys.stderr)
         raise SystemExit(1) from None
-    app(args=argv, prog_name="corral")
+    try:
+        app(args=argv, prog_name="corral")
+    except ReaderGone:
+        # The reader of our output went away (`corral events | head -1`): no traceback, and
+        # the status a process ended by SIGPIPE has (128 + 13), as Unix tools end.
+        raise SystemExit(141) from None

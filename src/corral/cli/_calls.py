@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, NoReturn, TypeVar
 
-from corral.cli._output import stderr
+from corral.cli._output import say
 from corral.kernel import CorralError, UsageError
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ def fail(error: CorralError) -> NoReturn:
     """Print ``error <code>: <message>`` on stderr and exit with ``exit_code(error)``."""
     import typer
 
-    stderr().print(f"error {error.code}: {error.message}", markup=False, highlight=False)
+    say(f"error {error.code}: {error.message}", err=True)
     raise typer.Exit(exit_code(error))
 
 

@@ -10,7 +10,7 @@ from rich.text import Text
 
 from corral.cli._calls import call, refusals
 from corral.cli._options import JsonOpt, target
-from corral.cli._output import print_json, print_table, stderr, stdout
+from corral.cli._output import print_json, print_table, stderr, stdout, visible, write_line
 
 if TYPE_CHECKING:
     from corral.daemon._client import HttpApi
@@ -33,14 +33,15 @@ def events(
 
     def emit(event: Any) -> None:
         if as_json:
-            print(json.dumps(event.to_dict(), default=str), flush=True)
+            write_line(json.dumps(event.to_dict(), default=str))
             return
+        # JSON's own escapes (ASCII only) keep the data's control characters visible.
         line = Text.assemble(
             f"{event.seq:>6}  ",
-            (event.ts, "dim"),
+            (visible(event.ts), "dim"),
             "  ",
-            (event.type, "bold"),
-            f"  {event.agent_id or '-'}  ",
+            (visible(event.type), "bold"),
+            f"  {visible(event.agent_id or '-')}  ",
             json.dumps(event.data, separators=(",", ":"), default=str),
         )
         # One line an event; --json has every field in full.

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from corral.cli._calls import call, refusals
 from corral.cli._options import JsonOpt, target
-from corral.cli._output import cell, print_json, print_table, stderr, stdout
+from corral.cli._output import cell, print_json, print_table, say, stdout
 from corral.kernel import InvalidArgumentError
 
 app = typer.Typer(
@@ -83,9 +83,9 @@ def query(
         notes.append(str(answer["emptiness"]))
     if answer.get("truncated"):
         notes.append("truncated at the row cap")
-    stdout().print(", ".join(notes), markup=False)
+    say(", ".join(notes))
     for warning in answer.get("warnings") or []:
-        stderr().print(f"warning: {warning}", markup=False)
+        say(f"warning: {warning}", err=True)
 
 
 @app.command("status")
@@ -123,11 +123,11 @@ def status(
     table = Table("signal", "count", "threshold", title=_status_title(found))
     thresholds = found.get("thresholds") or {}
     for name, count in (found.get("counts") or {}).items():
-        table.add_row(name, cell(count), cell(thresholds.get(name)))
+        table.add_row(cell(name), cell(count), cell(thresholds.get(name)))
     stdout().print(table)
     freeze = found.get("freeze")
     if freeze:
-        stdout().print(f"frozen since {freeze.get('at')}: {freeze.get('reason')}", markup=False)
+        say(f"frozen since {freeze.get('at')}: {freeze.get('reason')}")
 
 
 @app.command("freeze")
@@ -140,7 +140,7 @@ def freeze(
 ) -> None:
     """Freeze an agent in a database: every request refused until reinstated."""
     done = call(target(ctx), lambda api: api.db_freeze(agent_id, reason, by, target_name))
-    stdout().print(f"{agent_id} frozen in {done.get('target')}: {done.get('reason')}", markup=False)
+    say(f"{agent_id} frozen in {done.get('target')}: {done.get('reason')}")
 
 
 @app.command("reinstate")
@@ -153,9 +153,7 @@ def reinstate(
 ) -> None:
     """Lift an agent's freeze in a database (a person's decision, recorded)."""
     done = call(target(ctx), lambda api: api.db_reinstate(agent_id, by, reason, target_name))
-    stdout().print(
-        f"{agent_id} reinstated in {done.get('target')} by {done.get('by')}", markup=False
-    )
+    say(f"{agent_id} reinstated in {done.get('target')} by {done.get('by')}")
 
 
 @app.command("history")

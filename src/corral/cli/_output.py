@@ -1,9 +1,13 @@
 """What commands print: consoles, tables, table cells (rich markup in data shown as it is,
-never interpreted), coloured states and JSON for programs. rich is imported on first use.
+never interpreted; control characters shown as escapes), coloured states and JSON for
+programs. rich is imported on first use.
 """
 
 import json
-from typing import TYPE_CHECKING, Any
+import os
+import re
+import sys
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -17,10 +21,62 @@ STATE_STYLES = {
 }
 
 
+# What a terminal would act on rather than show: C0 and C1 controls (escape sequences, bells,
+# carriage returns, newlines), DEL, line separators and bidirectional overrides. Text from an
+# agent or a person is printed with these escaped, so it cannot rewrite the screen or forge a
+# line of output.
+# Lone surrogates too: no terminal encoding can print them.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped(found: "re.Match[str]") -> str:
+    char = found.group()
+    if char in _NAMED:
+        return _NAMED[char]
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def visible(text: str) -> str:
+    """``text`` with control characters shown as escapes (``\\x1b``, ``\\n``, ``\\u202e``):
+    for everything printed that came from an agent or a person."""
+    return _CONTROL.sub(_escaped, text)
+
+
+def say(text: str, *, err: bool = False) -> None:
+    """Print one line of plain text (no markup), control characters escaped."""
+    (stderr() if err else stdout()).print(visible(text), markup=False, highlight=False)
+
+
+class ReaderGone(Exception):
+    """Whoever read the output went away (``corral events | head -1``): the command stops
+    quietly, as Unix tools do (``main`` catches it). An ``Exception``, not rich's
+    ``SystemExit``, so that a stream being followed is closed like on any error."""
+
+
+def reader_gone() -> NoReturn:
+    """Point stdout at /dev/null (so the interpreter's last flush does not complain) and raise
+    :class:`ReaderGone`."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    raise ReaderGone
+
+
+def write_line(text: str) -> None:
+    """One line on stdout, flushed (JSON for programs)."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        reader_gone()
+
+
 def stdout() -> "Console":
     from rich.console import Console
 
-    return Console(highlight=False, soft_wrap=False)
+    console = Console(highlight=False, soft_wrap=False)
+    console.on_broken_pipe = reader_gone  # type: ignore[method-assign]
+    return console
 
 
 def stderr() -> "Console":
@@ -57,10 +113,10 @@ def cell(value: Any) -> str:
 
 
 def plain(text: str) -> str:
-    """``text`` with rich markup escaped."""
+    """``text`` with rich markup and control characters escaped."""
     from rich.markup import escape
 
-    return escape(text)
+    return escape(visible(text))
 
 
 def state(value: Any) -> str:
@@ -72,4 +128,4 @@ def state(value: Any) -> str:
 
 def print_json(value: Any) -> None:
     # Plain print: JSON output is for programs, with no wrapping or markup.
-    print(json.dumps(value, indent=2, default=str))
+    write_line(json.dumps(value, indent=2, default=str))

@@ -22,6 +22,7 @@ from corral.daemon._errors import (
     AgentNotLiveError,
     DaemonError,
     IdempotencyConflictError,
+    InvalidRequestError,
     InvalidSpecError,
     NothingToSendError,
     OutOfScopeError,
@@ -29,6 +30,7 @@ from corral.daemon._errors import (
     SpawnRefusedError,
     StoreUnavailableError,
     UnauthorizedError,
+    UnstorableValueError,
 )
 from corral.daemon._events import Event, NewEvent
 from corral.daemon._http import create_app
@@ -68,6 +70,7 @@ __all__ = [
     "Harness",
     "HttpApi",
     "IdempotencyConflictError",
+    "InvalidRequestError",
     "InvalidSpecError",
     "LocalApi",
     "McpApp",
@@ -89,6 +92,7 @@ __all__ = [
     "TurnRequest",
     "TurnResult",
     "UnauthorizedError",
+    "UnstorableValueError",
     "build_mcp_server",
     "create_app",
     "follow_events",

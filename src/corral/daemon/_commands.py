@@ -35,7 +35,11 @@ def replayed(state: State, key: str | None, command: dict[str, Any]) -> CommandR
     if stored is None:
         return None
     if stored["fingerprint"] != _fingerprint(command):
-        raise IdempotencyConflictError(key, _describe(stored["command"]), _describe(command))
+        first = stored["command"]
+        differs = None
+        if _describe(first) == _describe(command):
+            differs = _differing(first, command)
+        raise IdempotencyConflictError(key, _describe(first), _describe(command), differs)
     return CommandResult(stored["status"], stored["response"], replayed=True)
 
 
@@ -46,6 +50,23 @@ def recorded(key: str, command: dict[str, Any], result: CommandResult) -> NewEve
 
 def _fingerprint(command: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(command, sort_keys=True).encode()).hexdigest()
+
+
+def _differing(first: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """The arguments that differ between two commands of one kind (a spawn's spec field by
+    field), as dotted names."""
+    found = []
+    for name in sorted(set(first) | set(now)):
+        was, new = first.get(name), now.get(name)
+        if was == new:
+            continue
+        if isinstance(was, dict) and isinstance(new, dict):
+            found += [
+                f"{name}.{k}" for k in sorted(set(was) | set(new)) if was.get(k) != new.get(k)
+            ]
+        else:
+            found.append(name)
+    return found
 
 
 def _describe(command: dict[str, Any]) -> str:

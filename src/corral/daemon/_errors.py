@@ -28,6 +28,32 @@ class InvalidSpecError(DaemonError, UsageError):
         self.problems = problems
 
 
+class InvalidRequestError(InvalidSpecError):
+    """A command body, a query parameter or a tool's arguments are invalid; ``problems``
+    lists every problem (a spec inside them is ``InvalidSpecError``)."""
+
+    code = "invalid_request"
+
+    def __init__(self, problems: list[dict[str, Any]], what: str = "request") -> None:
+        super().__init__(problems, what)
+
+
+class UnstorableValueError(DaemonError):
+    """The store refused events holding a value it cannot keep (a lone surrogate or NUL in a
+    string); nothing was written. Input is refused before it gets this far, and text from
+    harnesses is escaped, so this is the last line of defence."""
+
+    code = "unstorable_value"
+
+    def __init__(self, event_type: str, field: str, problem: str) -> None:
+        super().__init__(
+            f"the store cannot keep event {event_type!r}: {field} {problem}; nothing was written",
+            event_type=event_type,
+            field=field,
+            problem=problem,
+        )
+
+
 class AgentNotFoundError(DaemonError):
     code = "agent_not_found"
 
@@ -92,13 +118,18 @@ class IdempotencyConflictError(DaemonError):
 
     code = "idempotency_conflict"
 
-    def __init__(self, key: str, first: str, now: str) -> None:
+    def __init__(self, key: str, first: str, now: str, differs: list[str] | None = None) -> None:
+        if differs:
+            # The same command on the same agent: what differs is the arguments.
+            told = f"{first} with other arguments (differing: {', '.join(differs)})"
+        else:
+            told = f"{first}, not {now}"
         super().__init__(
-            f"idempotency key {key!r} was first used for {first}, not {now}; "
-            "use a new key for new work",
+            f"idempotency key {key!r} was first used for {told}; use a new key for new work",
             key=key,
             first=first,
             now=now,
+            differs=differs or [],
         )
 
 

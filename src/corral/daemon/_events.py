@@ -155,8 +155,10 @@ def turn_done(agent_id: str) -> NewEvent:
     return NewEvent(STATE_CHANGED, agent_id, data)
 
 
-def stopped(agent_id: str, was: str, by: str | None) -> NewEvent:
-    data = {"from": was, "to": "stopped", "reason": "stopped", "by": by}
+def stopped(agent_id: str, was: str, by: str | None, why: str | None = None) -> NewEvent:
+    """The agent was stopped, by whom and why (``why`` is in the log since it was added; an
+    older ``stopped`` event has no such key)."""
+    data = {"from": was, "to": "stopped", "reason": "stopped", "by": by, "why": why}
     return NewEvent(STATE_CHANGED, agent_id, data)
 
 

@@ -34,6 +34,7 @@ from corral.daemon._feed import EventFeed
 from corral.daemon._records import AgentRecord, TurnUsage
 from corral.daemon._spec import AgentSpec, parse_spec
 from corral.daemon._state import ENDED_STATES, preview
+from corral.daemon._text import escape_json
 from corral.daemon.harnesses import Harness, TurnResult
 from corral.daemon.stores import Store
 from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError, new_id
@@ -320,7 +321,7 @@ class AgentService:
                 events.append(ev.turn_interrupted(agent_id, rec["turnInFlight"], "agent stopped"))
             if rec["state"] == "blocked":
                 events.append(ev.agent_resolved(rec, "stop", by, why))
-            events.append(ev.stopped(agent_id, rec["state"], by))
+            events.append(ev.stopped(agent_id, rec["state"], by, why))
             events += _decisions.drop_pending(self.store.state, agent_id)
             result = CommandResult(202, {"id": agent_id, "accepted": "stop"})
             await self._commit(events, idempotency_key, command, result)
@@ -332,6 +333,8 @@ class AgentService:
         ``agentId``, ``reason``, evidence...). When the agent is one of this daemon's and has
         a parent, the parent's inbox gets a ``gateway_frozen`` notice. The freeze itself is
         the gateway's (its journal); this only tells watchers."""
+        # The freeze's evidence holds the agent's SQL: escaped like any text an agent sends.
+        freeze = escape_json(freeze)
         async with self._mutex:
             events = [ev.gateway_frozen(target, freeze)]
             rec = self.store.state.agents.get(freeze["agentId"])

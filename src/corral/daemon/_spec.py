@@ -10,9 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from corral.daemon._errors import InvalidSpecError
+from corral.daemon._text import json_problems
 from corral.kernel import ExecutionBudget, SpawnBudget
 
 NOTIFY_KINDS = ("done", "failed", "blocked")
+SPEC_IDENTIFIERS = frozenset({"name", "parent"})
 _FUNCTION_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
@@ -22,13 +24,17 @@ class _Model(BaseModel):
     )
 
 
+# Numbers and booleans are strict (``Field(strict=True)``): JSON's true is not the number 1,
+# and "5" is not 5, as in every other body of the API.
+
+
 class BudgetSpec(_Model):
     """Per-agent limits; each None means unlimited."""
 
-    max_tokens: int | None = Field(default=None, ge=0)
-    max_cost_usd: float | None = Field(default=None, ge=0, allow_inf_nan=False)
-    max_turns: int | None = Field(default=None, ge=0)
-    deadline_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    max_tokens: int | None = Field(default=None, ge=0, strict=True)
+    max_cost_usd: float | None = Field(default=None, ge=0, allow_inf_nan=False, strict=True)
+    max_turns: int | None = Field(default=None, ge=0, strict=True)
+    deadline_s: float | None = Field(default=None, ge=0, allow_inf_nan=False, strict=True)
 
     def to_budget(self) -> ExecutionBudget:
         return ExecutionBudget(
@@ -42,16 +48,16 @@ class BudgetSpec(_Model):
 class SpawnBudgetSpec(_Model):
     """The headcount cap of the run a root agent starts (root included)."""
 
-    max_agents: int = Field(default=50, ge=1)
-    allow_preempt: bool = True
+    max_agents: int = Field(default=50, ge=1, strict=True)
+    allow_preempt: bool = Field(default=True, strict=True)
 
     def to_budget(self) -> SpawnBudget:
         return SpawnBudget(max_agents=self.max_agents, allow_preempt=self.allow_preempt)
 
 
 class PriceSpec(_Model):
-    input_per_mtok_usd: float = Field(ge=0, allow_inf_nan=False)
-    output_per_mtok_usd: float = Field(ge=0, allow_inf_nan=False)
+    input_per_mtok_usd: float = Field(ge=0, allow_inf_nan=False, strict=True)
+    output_per_mtok_usd: float = Field(ge=0, allow_inf_nan=False, strict=True)
 
 
 class OpenAISpec(_Model):
@@ -79,13 +85,13 @@ class AgentSpec(_Model):
     env: dict[str, str] = Field(default_factory=dict)
     prompt: str | None = None
     on_failure: Literal["fail", "ask", "retry"] = "fail"
-    max_retries: int | None = Field(default=None, ge=0)
-    max_consecutive_failures: int = Field(default=3, ge=1)
+    max_retries: int | None = Field(default=None, ge=0, strict=True)
+    max_consecutive_failures: int = Field(default=3, ge=1, strict=True)
     parent: str | None = Field(default=None, min_length=1)
     notify_on: list[str] = Field(default_factory=list)
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     spawn_budget: SpawnBudgetSpec | None = None
-    turn_timeout_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
+    turn_timeout_s: float = Field(default=600.0, gt=0, allow_inf_nan=False, strict=True)
 
     def cross_field_problems(self) -> list[dict[str, Any]]:
         """Problems that need more than one field to see."""
@@ -126,6 +132,11 @@ class AgentSpec(_Model):
             bad("spawnBudget", "only a root agent (no parent) sets its run's spawn budget")
         return problems
 
+    def text_problems(self) -> list[dict[str, Any]]:
+        """Text no store could keep (a lone surrogate or NUL, in any field), and control
+        characters in ``name`` and ``parent`` (names are printed and passed on)."""
+        return json_problems(self.to_json(), identifiers=SPEC_IDENTIFIERS)
+
     def to_json(self) -> dict[str, Any]:
         """The spec as JSON with camelCase keys, defaults included."""
         return self.model_dump(mode="json", by_alias=True)
@@ -140,6 +151,9 @@ def parse_spec(data: Any) -> AgentSpec:
     except pydantic.ValidationError as exc:
         raise InvalidSpecError(problems_of(exc)) from None
     problems = spec.cross_field_problems()
+    # A field the cross-field checks already found wanting (NUL in argv, say) is told once.
+    seen = {p["field"].split(".")[0] for p in problems}
+    problems += [p for p in spec.text_problems() if p["field"].split(".")[0] not in seen]
     if problems:
         raise InvalidSpecError(problems)
     return spec

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -12,6 +12,7 @@ from corral.daemon import _budget
 from corral.daemon._auth import agent_token
 from corral.daemon._records import AgentRecord
 from corral.daemon._spec import AgentSpec
+from corral.daemon._text import escape, escape_json
 from corral.daemon.harnesses import Harness, TurnFailedError, TurnRequest, TurnResult
 
 logger = logging.getLogger("corral.daemon")
@@ -84,11 +85,16 @@ class Outcome:
 
 async def run(harness: Harness, turn: TurnRequest) -> Outcome:
     """Run the turn; a harness that raises anything but :class:`TurnFailedError` (a bug)
-    fails the turn too, and is logged."""
+    fails the turn too, and is logged.
+
+    What the harness reports is escaped (``_text.escape``: lone surrogates and NUL become
+    U+FFFD), so whatever an agent returns can be stored and read back."""
     try:
-        return Outcome(result=await harness.run_turn(turn))
+        result = await harness.run_turn(turn)
     except TurnFailedError as exc:
-        return Outcome(error=exc.message, usage=exc.usage)
+        usage = None if exc.usage is None else escape_json(dict(exc.usage))
+        return Outcome(error=escape(exc.message), usage=usage)
     except Exception as exc:
         logger.exception("agent %s: harness %s raised", turn.agent_id, turn.spec.harness)
-        return Outcome(error=f"harness error: {type(exc).__name__}: {exc}")
+        return Outcome(error=escape(f"harness error: {type(exc).__name__}: {exc}"))
+    return Outcome(result=replace(result, output=escape(result.output)))

@@ -13,10 +13,9 @@ from pydantic import Field
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from corral.daemon._api import ScopedService
-from corral.daemon._errors import InvalidSpecError
+from corral.daemon._errors import InvalidRequestError, InvalidSpecError
 from corral.daemon._http._common import (
     ApiRoute,
-    InvalidRequestError,
     RequestBody,
     api_of,
     body_route,
@@ -26,6 +25,7 @@ from corral.daemon._http._common import (
     read_body,
 )
 from corral.daemon._spec import AgentSpec, parse_spec
+from corral.daemon._text import json_problems
 
 EVENTS_PAGE = 1000
 
@@ -77,6 +77,8 @@ class SpawnBody(AgentSpec):
                     {"field": "idempotencyKey", "message": "must be a non-empty string"}
                 )
                 key = None
+            elif key is not None:
+                problems += json_problems({"idempotencyKey": key})
         try:
             spec = parse_spec(data)
         except InvalidSpecError as exc:
@@ -269,7 +271,7 @@ ROUTES = [
         events,
         "The event log: SSE (resumable), or a page of JSON with format=json",
         responses={
-            **errors(400, 401, 404),
+            **errors(400, 401, 403, 404),
             200: {
                 "description": "SSE: `id` is the event's seq, `event` its type, `data` the "
                 "event as JSON; heartbeat comments keep the stream open",

@@ -9,29 +9,21 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
 import pydantic
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
 from corral.daemon._api import ScopedService
 from corral.daemon._auth import AGENT_SCOPE_KEY
-from corral.daemon._errors import DaemonError, InvalidSpecError
+from corral.daemon._errors import DaemonError, InvalidRequestError, InvalidSpecError
 from corral.daemon._service import CommandResult
 from corral.daemon._spec import problems_of
 from corral.daemon._status import http_status
+from corral.daemon._text import json_problems, text_problem
 from corral.kernel import CorralError
 
 # --- errors of the HTTP layer (their statuses are in corral.daemon._status) --------------------
-
-
-class InvalidRequestError(InvalidSpecError):
-    """A command body or a query parameter is invalid; ``problems`` lists every problem."""
-
-    code = "invalid_request"
-
-    def __init__(self, problems: list[dict[str, Any]], what: str = "request") -> None:
-        super().__init__(problems, what)
 
 
 class BodyTooLargeError(DaemonError):
@@ -146,17 +138,23 @@ async def read_body(request: Request) -> bytes | None:
 
 
 def json_value(raw: bytes | None) -> Any:
-    """The JSON in ``raw``; ``InvalidSpecError`` when there is none or it is malformed."""
+    """The JSON in ``raw``; ``InvalidSpecError`` when there is none or it is malformed, or
+    when a string in it holds a lone surrogate (``"\\ud800"``: valid JSON, but no UTF-8
+    text can hold it)."""
     if raw is None:
         raise InvalidSpecError([{"field": "(body)", "message": "a JSON object is required"}])
     try:
-        return json.loads(raw, parse_constant=_refuse_constant)
+        value = json.loads(raw, parse_constant=_refuse_constant)
     except (ValueError, RecursionError) as exc:
         # ValueError covers JSONDecodeError, UnicodeDecodeError and the refused constants.
         message = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise InvalidSpecError(
             [{"field": "(body)", "message": f"malformed JSON: {message}"}]
         ) from None
+    problems = json_problems(value, surrogates_only=True)
+    if problems:
+        raise InvalidSpecError(problems)
+    return value
 
 
 def _refuse_constant(name: str) -> Any:
@@ -178,13 +176,24 @@ class RequestBody(BaseModel):
 
     @classmethod
     async def read(cls, request: Request) -> Self:
+        """The body, checked: its fields, then its text (no lone surrogate or NUL anywhere,
+        no control character in an identifier: ``corral.daemon._text``)."""
         raw = await read_body(request)
         if raw is None and cls.required:
             raw = b"{}"
+        if raw is not None:
+            try:  # lone surrogates, named by field (pydantic's message is obscure)
+                json_value(raw)
+            except InvalidSpecError as exc:
+                raise InvalidRequestError(exc.problems, cls.what) from None
         try:
-            return cls() if raw is None else cls.model_validate_json(raw)
+            body = cls() if raw is None else cls.model_validate_json(raw)
         except pydantic.ValidationError as exc:
             raise InvalidRequestError(problems_of(exc), cls.what) from None
+        problems = json_problems(body.model_dump(by_alias=True, exclude_none=True))
+        if problems:
+            raise InvalidRequestError(problems, cls.what)
+        return body
 
 
 def request_body_schema(model: type[BaseModel], *, required: bool) -> dict[str, Any]:
@@ -223,15 +232,45 @@ class ApiRoute:
         extra = None
         if self.body is not None:
             extra = request_body_schema(self.body, required=self.body_required)
+        # Every route checks its parameters (check_parameters): each may answer 400.
+        responses = {**errors(400), **self.responses}
         app.add_api_route(
             self.path,
             self.endpoint,
             methods=[self.method],
             status_code=self.status_code,
             summary=self.summary,
-            responses=self.responses,
+            responses=responses,
             openapi_extra=extra,
+            dependencies=[Depends(check_parameters)],
         )
+
+
+def check_parameters(request: Request) -> None:
+    """Refuse (400 ``invalid_request``) a query parameter the route does not declare, and a
+    query or path parameter holding what no identifier may (control characters, NUL, lone
+    surrogates): unknown body fields are refused too, so a misspelt parameter is never
+    silently ignored. Runs before the endpoint, on every route of the API."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    declared = {p.alias for p in dependant.query_params} if dependant is not None else set()
+    problems: list[dict[str, Any]] = []
+    for name, value in request.query_params.multi_items():
+        if name not in declared:
+            accepted = ", ".join(sorted(declared)) or "none"
+            problems.append(
+                {"field": name, "message": f"unknown query parameter (accepted: {accepted})"}
+            )
+            continue
+        message = text_problem(value, identifier=True)
+        if message is not None:
+            problems.append({"field": name, "message": message})
+    for name, value in request.path_params.items():
+        message = text_problem(str(value), identifier=True)
+        if message is not None:
+            problems.append({"field": name, "message": message})
+    if problems:
+        raise InvalidRequestError(problems, "request parameters")
 
 
 def body_route(

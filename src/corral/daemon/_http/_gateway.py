@@ -9,9 +9,9 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import ConfigDict, Field
 
+from corral.daemon._errors import InvalidRequestError
 from corral.daemon._http._common import (
     ApiRoute,
-    InvalidRequestError,
     RequestBody,
     api_of,
     body_route,
@@ -19,6 +19,7 @@ from corral.daemon._http._common import (
     json_value,
     read_body,
 )
+from corral.daemon._text import json_problems
 
 # --- request bodies ---------------------------------------------------------------------------
 
@@ -61,6 +62,8 @@ class QueryBody(RequestBody):
         for name, value in (("target", target), ("agent", agent)):
             if value is not None and not (isinstance(value, str) and value):
                 problems.append({"field": name, "message": "must be a non-empty string"})
+            elif value is not None:
+                problems += json_problems({name: value})
         if operator and agent is None and not problems:
             problems.append({"field": "agent", "message": "required: the agent making it"})
         if problems:

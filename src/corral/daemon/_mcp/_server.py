@@ -20,9 +20,10 @@ from starlette.types import ASGIApp
 
 from corral.daemon._api import AgentApi
 from corral.daemon._auth import AGENT_SCOPE_KEY
-from corral.daemon._errors import InvalidSpecError, OutOfScopeError
+from corral.daemon._errors import InvalidRequestError, OutOfScopeError
 from corral.daemon._mcp._tools import TOOLS, input_schema
 from corral.daemon._spec import problems_of
+from corral.daemon._text import json_problems
 from corral.kernel import CorralError
 from corral.kernel import _validate as v
 
@@ -84,10 +85,20 @@ def build_mcp_server(
             raise MCPError(
                 types.INVALID_PARAMS, f"unknown tool {params.name!r}; the tools are {list(tools)}"
             )
+        # Argument errors are invalid_request, as over HTTP; a spec inside them invalid_spec.
+        what = f"{tool.name} arguments"
         try:
             args = tool.args.model_validate(params.arguments or {})
         except pydantic.ValidationError as exc:
-            return _error(InvalidSpecError(problems_of(exc), what=f"{tool.name} arguments"))
+            return _error(InvalidRequestError(problems_of(exc), what=what))
+        # The same text rules as HTTP bodies: the spec is parse_spec's to check, a gateway
+        # request the gateway's (only lone surrogates are refused in it here).
+        problems = json_problems(
+            args.model_dump(by_alias=True, exclude_none=True, exclude={"spec"}),
+            skip={"request"},
+        )
+        if problems:
+            return _error(InvalidRequestError(problems, what=what))
         try:
             principal = _principal(ctx)
             if principal is None:

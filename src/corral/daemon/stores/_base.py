@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from corral.daemon._errors import UnstorableValueError
 from corral.daemon._events import Event, NewEvent
 from corral.daemon._state import State
+from corral.daemon._text import unstorable
 
 
 @runtime_checkable
@@ -18,6 +20,9 @@ class Store(Protocol):
       and returns only after it has committed (durably: a ``kill -9`` right after loses
       nothing); on an error ``state`` is unchanged, and nothing is written unless the error
       came after the commit (then :meth:`refresh`, or the next append, brings it in).
+    - :meth:`append` refuses events holding a string no store can keep (a lone surrogate or
+      NUL) with :class:`UnstorableValueError`, before anything is written
+      (:func:`refuse_unstorable`), the same on every store.
     - Sequence numbers are gapless and increasing from 1; ``ts`` is assigned by the store.
     - ``state`` is the projections as of the last committed event; treat it as read-only.
     - :meth:`replay` rebuilds projections from the log alone, without touching the stored
@@ -47,3 +52,13 @@ class Store(Protocol):
         ``StoreUnavailableError`` when the log cannot be read."""
 
     async def close(self) -> None: ...
+
+
+def refuse_unstorable(events: Sequence[NewEvent]) -> None:
+    """Raise :class:`UnstorableValueError` for the first event holding a string that no store
+    can keep (a lone surrogate, which UTF-8 cannot encode, or NUL, which PostgreSQL's text
+    cannot hold), so that no stored value can make a later read fail."""
+    for new in events:
+        found = unstorable({"agentId": new.agent_id, "data": new.data})
+        if found is not None:
+            raise UnstorableValueError(new.type, *found)

@@ -20,6 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 from corral.daemon._errors import StoreUnavailableError
 from corral.daemon._events import Event, NewEvent
 from corral.daemon._state import ReplayError, State, Tx, replay
+from corral.daemon.stores._base import refuse_unstorable
 from corral.daemon.stores._sqlite import _dump, _retrieve
 from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError, UsageError
 from corral.kernel import _validate as v
@@ -212,6 +213,7 @@ class PostgresStore:
     async def append(self, events: Sequence[NewEvent]) -> list[Event]:
         if not events:
             return []
+        refuse_unstorable(events)
         # Shielded: a caller cancelled mid-commit must not leave ``state`` behind the log.
         task = asyncio.ensure_future(self._append(list(events)))
         task.add_done_callback(_retrieve)

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from corral.daemon._errors import StoreUnavailableError
 from corral.daemon._events import Event, NewEvent
 from corral.daemon._state import State, Tx, replay
+from corral.daemon.stores._base import refuse_unstorable
 from corral.kernel import SYSTEM_CLOCK, Clock, UsageError
 
 T = TypeVar("T")
@@ -105,6 +106,7 @@ class SQLiteStore:
     async def append(self, events: Sequence[NewEvent]) -> list[Event]:
         if not events:
             return []
+        refuse_unstorable(events)
         # The worker thread commits even if the caller is cancelled meanwhile, so the append
         # runs on in its own task: ``state`` must follow what was committed.
         task = asyncio.ensure_future(self._append(list(events)))

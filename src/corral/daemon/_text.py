@@ -1,0 +1,127 @@
+"""Text the daemon takes in and keeps: what is refused at the door (lone surrogates and NUL
+anywhere, control characters in identifiers) and how text from a harness is escaped before it
+is stored, so that no stored value can make a read fail (docs/daemon.md, "Text")."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection
+from typing import Any
+
+REPLACEMENT = "\ufffd"
+
+# UTF-8 cannot encode a surrogate code point (a str holds one only when it is lone: JSON's
+# "\ud800", or bytes decoded with surrogateescape), and PostgreSQL text cannot hold U+0000.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+# What an identifier (a name, who decided, a key) may not hold: C0 and C1 controls, DEL, the
+# line and paragraph separators, and the bidirectional overrides and isolates, which would
+# move or hide text where it is printed.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+# The fields that name something or someone, checked as identifiers wherever they are taken
+# (HTTP bodies and query parameters, MCP arguments, the spec).
+IDENTIFIERS = frozenset(
+    {"name", "parent", "by", "idempotencyKey", "agent", "agentId", "target", "agent_id"}
+)
+
+
+def _describe(char: str) -> str:
+    code = ord(char)
+    if code == 0:
+        return "NUL characters (U+0000)"
+    if 0xD800 <= code <= 0xDFFF:
+        return f"lone surrogates (U+{code:04X}), which no UTF-8 text can hold"
+    return f"control characters (U+{code:04X})"
+
+
+def text_problem(value: str, *, identifier: bool = False) -> str | None:
+    """Why ``value`` cannot be taken, or None: it holds a lone surrogate or NUL, or (as an
+    ``identifier``) a control character."""
+    found = (_CONTROL if identifier else _UNSTORABLE).search(value)
+    if found is None and identifier:
+        found = _UNSTORABLE.search(value)
+    if found is None:
+        return None
+    return f"must not contain {_describe(found.group())}, found at index {found.start()}"
+
+
+def json_problems(
+    value: Any,
+    path: str = "",
+    *,
+    identifiers: Collection[str] = IDENTIFIERS,
+    skip: Collection[str] = (),
+    surrogates_only: bool = False,
+) -> list[dict[str, Any]]:
+    """Every string in the JSON ``value`` (keys included) that cannot be taken, as
+    ``{"field", "message"}`` with dotted paths like pydantic's; top-level fields named in
+    ``identifiers`` are checked as identifiers, those in ``skip`` (or all, with
+    ``surrogates_only``) only for lone surrogates (text that some other part checks, like a
+    gateway request)."""
+    problems: list[dict[str, Any]] = []
+
+    def walk(item: Any, where: str, identifier: bool, surrogates_only: bool) -> None:
+        if isinstance(item, str):
+            if surrogates_only:
+                message = _surrogate_problem(item)
+            else:
+                message = text_problem(item, identifier=identifier)
+            if message is not None:
+                problems.append({"field": where or "(body)", "message": message})
+        elif isinstance(item, dict):
+            for key, inner in item.items():
+                child = f"{where}.{key}" if where else str(key)
+                top = not where
+                only = surrogates_only or (top and key in skip)
+                if isinstance(key, str):
+                    message = _surrogate_problem(key) if only else text_problem(key)
+                    if message is not None:
+                        problems.append({"field": child, "message": f"its name {message}"})
+                walk(inner, child, top and key in identifiers, only)
+        elif isinstance(item, list | tuple):
+            for i, inner in enumerate(item):
+                walk(inner, f"{where}.{i}" if where else str(i), False, surrogates_only)
+
+    walk(value, path, False, surrogates_only)
+    return problems
+
+
+def _surrogate_problem(value: str) -> str | None:
+    found = re.search("[\ud800-\udfff]", value)
+    return None if found is None else f"must not contain {_describe(found.group())}"
+
+
+def escape(text: str) -> str:
+    """``text`` as it is stored: every lone surrogate and NUL replaced by U+FFFD."""
+    return _UNSTORABLE.sub(REPLACEMENT, text)
+
+
+def escape_json(value: Any) -> Any:
+    """``value`` with :func:`escape` applied to every string in it (keys included)."""
+    if isinstance(value, str):
+        return escape(value)
+    if isinstance(value, dict):
+        return {escape_json(k): escape_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [escape_json(v) for v in value]
+    return value
+
+
+def unstorable(value: Any, path: str = "") -> tuple[str, str] | None:
+    """The first ``(path, message)`` of a string in ``value`` that no store can hold
+    (a lone surrogate or NUL), or None."""
+    if isinstance(value, str):
+        message = text_problem(value)
+        return None if message is None else (path or "(value)", message)
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            child = f"{path}.{key}" if path else str(key)
+            found = unstorable(key, child) or unstorable(inner, child)
+            if found is not None:
+                return found
+    elif isinstance(value, list | tuple):
+        for i, inner in enumerate(value):
+            found = unstorable(inner, f"{path}.{i}" if path else str(i))
+            if found is not None:
+                return found
+    return None
