@@ -5,9 +5,11 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from corral.kernel import InvalidArgumentError
 from corral.resilience import (
     SandboxAgentError,
     SandboxConfig,
@@ -229,3 +231,22 @@ async def test_an_answer_the_parent_cannot_unpickle_is_an_agent_error() -> None:
     assert isinstance(result.error, SandboxAgentError)
     assert "answer could not be read in this process" in result.error.message
     assert "OnlyInTheChild" in result.error.message
+
+
+async def test_a_preloaded_child_starts_with_the_modules_already_imported() -> None:
+    # ``decimal`` is imported by neither the sandbox nor the agent's module: only the fork
+    # server of the preload list can have imported it.
+    config = SandboxConfig(isolation="process", timeout_s=20, preload=("decimal",))
+    result = await run_sandboxed(agents.loaded, "decimal", config)
+    assert result.completed, result.error
+    assert result.result == ["decimal"]
+    plain = await run_sandboxed(agents.loaded, "decimal", SandboxConfig(isolation="process"))
+    assert plain.result == []
+
+
+@pytest.mark.parametrize("preload", [("",), "decimal", (1,)])
+def test_preload_needs_module_names_and_process_isolation(preload: Any) -> None:
+    with pytest.raises(InvalidArgumentError, match="preload"):
+        SandboxConfig(isolation="process", preload=preload)
+    with pytest.raises(InvalidArgumentError, match="preload"):
+        SandboxConfig(preload=("decimal",))
