@@ -25,6 +25,23 @@ def exhausted(rec: AgentRecord, spec: AgentSpec, now: datetime) -> BudgetExhaust
     return _budget.exhausted(spec.budget.to_budget(), rec["usage"], age)
 
 
+def held_on_budget(rec: AgentRecord, spec: AgentSpec, now: datetime) -> BudgetExhaustedError:
+    """Why an agent held ``budget-exhausted`` takes no prompt: its hold's own error."""
+    dimension = rec.get("dimension") or "cost_usd"
+    budget = spec.budget.to_budget()
+    used = rec["usage"]
+    limit, spent = {
+        "tokens": (budget.max_tokens, used["tokens"]),
+        "cost_usd": (budget.max_cost_usd, used["costUsd"]),
+        "turns": (budget.max_turns, used["turns"]),
+        "deadline_s": (budget.deadline_s, round(_budget.age_s(rec["createdAt"], now), 3)),
+    }.get(dimension, (None, 0))
+    why = BudgetExhaustedError(dimension, -1 if limit is None else limit, spent)
+    why.message = f"held on its budget: {rec['error'] or 'no room left'}"
+    why.args = (why.message,)
+    return why
+
+
 def hold(
     state: State,
     rec: AgentRecord,
@@ -72,15 +89,21 @@ def turn_failed(
     now: datetime,
     *,
     before: list[NewEvent],
+    dimension: str | None = None,
 ) -> tuple[list[NewEvent], int | None]:
     """The failed turn and what the policy makes of it, after the events ``before``: the
-    events to commit, and the number of the retry to start (None when there is none)."""
+    events to commit, and the number of the retry to start (None when there is none).
+
+    A turn that stopped because budget ``dimension`` had no room holds the agent
+    ``budget-exhausted``, whatever the policy: only a bigger budget can help it."""
     agent_id = rec["id"]
     failures = rec["consecutiveFailures"] + 1
     events = [*before, ev.turn_failed(agent_id, turn, error, failures, usage)]
     # The policy and the budget judge the agent as the failed turn leaves it.
     after = preview(state, events, now.isoformat()).get_agent(agent_id)
     assert after is not None
+    if dimension is not None:
+        return events + hold(state, after, BUDGET_EXHAUSTED, error, dimension=dimension), None
     decision = after_failure(after, spec, failures)
     if decision.action == "retry":
         why = exhausted(after, spec, now)

@@ -100,6 +100,7 @@ class StateChangedData(TypedDict, total=False):
     to: str
     reason: str | None
     error: str | None
+    dimension: str
 
 
 class CommandData(TypedDict):

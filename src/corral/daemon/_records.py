@@ -31,6 +31,7 @@ class AgentRecord(TypedDict):
     state: str
     reason: str | None
     error: str | None
+    dimension: NotRequired[str]  # the budget dimension it is held on (budget-exhausted)
     parent: str | None
     runId: str
     rootId: str

@@ -31,6 +31,7 @@ from corral.daemon._errors import (
 )
 from corral.daemon._events import Event, NewEvent
 from corral.daemon._feed import EventFeed
+from corral.daemon._policy import BUDGET_EXHAUSTED as BUDGET_HELD
 from corral.daemon._records import AgentRecord, TurnUsage
 from corral.daemon._spec import AgentSpec, parse_spec
 from corral.daemon._state import ENDED_STATES, preview
@@ -274,6 +275,10 @@ class AgentService:
             if not prompt:
                 raise NothingToSendError(agent_id)
             exhausted = _decisions.exhausted(rec, self._spec(agent_id), self.clock.now())
+            if exhausted is None and rec["state"] == "blocked" and rec["reason"] == BUDGET_HELD:
+                # Held on its budget (the harness found no room for its next model call,
+                # which this count may not show): only a bigger budget lets it go on.
+                exhausted = _decisions.held_on_budget(rec, self._spec(agent_id), self.clock.now())
             if exhausted is not None:
                 # The turn would pass the budget: it does not start. An idle agent is held.
                 if rec["state"] == "idle":
@@ -408,7 +413,9 @@ class AgentService:
                         await self._after_turn_success(rec, turn, outcome.result)
                         return
                     assert outcome.error is not None
-                    await self._after_turn_failure(rec, turn, outcome.error, outcome.usage, [])
+                    await self._after_turn_failure(
+                        rec, turn, outcome.error, outcome.usage, [], dimension=outcome.dimension
+                    )
                     return
             except StoreUnavailableError as exc:
                 if not exc.retryable or waited_s >= self._result_retry_s:
@@ -439,12 +446,23 @@ class AgentService:
         error: str,
         usage: Mapping[str, Any] | None,
         before: list[NewEvent],
+        *,
+        dimension: str | None = None,
     ) -> None:
-        """Write the failed turn (after ``before``) and what the policy makes of it; start a
-        retry if it says so. Call with the mutex held."""
+        """Write the failed turn (after ``before``) and what the policy makes of it (a turn
+        that stopped on budget ``dimension`` holds the agent); start a retry if it says so.
+        Call with the mutex held."""
         spec = self._spec(rec["id"])
         events, retry = _decisions.turn_failed(
-            self.store.state, rec, spec, turn, error, usage, self.clock.now(), before=before
+            self.store.state,
+            rec,
+            spec,
+            turn,
+            error,
+            usage,
+            self.clock.now(),
+            before=before,
+            dimension=dimension,
         )
         await self._commit(events)
         if retry is not None:

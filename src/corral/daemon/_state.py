@@ -214,6 +214,11 @@ def _state_changed(tx: Tx, event: Event) -> None:
     rec["state"] = data["to"]
     rec["reason"] = data.get("reason")
     rec["error"] = data.get("error")
+    # The budget dimension an agent is held on, while it is.
+    if data.get("dimension") is not None:
+        rec["dimension"] = data["dimension"]
+    else:
+        rec.pop("dimension", None)
     rec["updatedAt"] = event.ts
     if data["to"] in ENDED_STATES:
         rec["endedAt"] = event.ts

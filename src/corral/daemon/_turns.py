@@ -75,11 +75,13 @@ def state_dir(home: Path, agent_id: str) -> Path:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """What a turn came to: a ``result``, or an ``error`` with what it spent (``usage``)."""
+    """What a turn came to: a ``result``, or an ``error`` with what it spent (``usage``) and,
+    when it stopped on its budget, the budget ``dimension``."""
 
     result: TurnResult | None = None
     error: str | None = None
     usage: dict[str, Any] | None = None
+    dimension: str | None = None
 
 
 async def run(harness: Harness, turn: TurnRequest) -> Outcome:
@@ -88,7 +90,17 @@ async def run(harness: Harness, turn: TurnRequest) -> Outcome:
     try:
         return Outcome(result=await harness.run_turn(turn))
     except TurnFailedError as exc:
-        return Outcome(error=exc.message, usage=exc.usage)
+        return Outcome(error=exc.message, usage=exc.usage, dimension=_dimension(turn, exc))
     except Exception as exc:
         logger.exception("agent %s: harness %s raised", turn.agent_id, turn.spec.harness)
         return Outcome(error=f"harness error: {type(exc).__name__}: {exc}")
+
+
+def _dimension(turn: TurnRequest, exc: TurnFailedError) -> str | None:
+    """The budget dimension a failed turn stopped on: the harness's word, or the deadline
+    when the turn timed out and its timeout was the agent's deadline (see :func:`request`)."""
+    deadline = turn.remaining.deadline_s
+    timed_out = "timeout_s" in exc.details
+    if exc.dimension is None and timed_out and deadline is not None:
+        return "deadline_s" if deadline <= turn.spec.turn_timeout_s else None
+    return exc.dimension

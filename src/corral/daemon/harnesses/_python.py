@@ -123,7 +123,9 @@ class PythonHarness:
         if isinstance(outcome, TurnResult):
             return outcome
         assert isinstance(outcome, _Failed)
-        raise TurnFailedError(outcome.message, usage=outcome.usage, **outcome.details)
+        raise TurnFailedError(
+            outcome.message, usage=outcome.usage, dimension=outcome.dimension, **outcome.details
+        )
 
     async def reap(self, agent_id: str, state_dir: Path) -> bool:
         """A python turn's worker is killed with its turn: always False."""
@@ -142,6 +144,7 @@ class _Failed:
     message: str
     usage: dict[str, Any] | None
     details: dict[str, Any]
+    dimension: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,8 +166,9 @@ class _Turn:
                     result = asyncio.run(_awaited(result))
             return _result(target, result)
         except TurnFailedError as exc:
-            details = {k: v for k, v in exc.details.items() if k not in ("message", "retryable")}
-            return _Failed(exc.message, exc.usage, details)
+            kept = ("message", "retryable", "dimension")
+            details = {k: v for k, v in exc.details.items() if k not in kept}
+            return _Failed(exc.message, exc.usage, details, exc.dimension)
         except MemoryError:
             raise  # the sandbox reports it against the memory limit
         except BaseException as exc:  # SystemExit and KeyboardInterrupt are the agent's too
