@@ -45,6 +45,7 @@ class AgentRecord(TypedDict):
     lastOutput: str | None
     lastError: str | None
     usage: Usage
+    budget: NotRequired[dict[str, Any]]  # the budget in force, once changed since spawn
     workdir: str
     createdAt: str
     updatedAt: str

@@ -26,6 +26,7 @@ from corral.daemon._errors import (
     AgentNotFoundError,
     AgentNotLiveError,
     NothingToSendError,
+    OutOfScopeError,
     ServiceClosedError,
     StoreUnavailableError,
 )
@@ -331,6 +332,48 @@ class AgentService:
             await self._commit(events, idempotency_key, command, result)
         shutil.rmtree(self._workdir(agent_id), ignore_errors=True)
         return result
+
+    async def change_budget(
+        self,
+        agent_id: str,
+        changes: Mapping[str, Any],
+        *,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+        lower_only: str | None = None,
+    ) -> CommandResult:
+        """Change a live agent's budget; 200 with its record.
+
+        ``lower_only`` names the agent whose own token asks: it may lower budgets in its
+        reach, never raise one (``OutOfScopeError``): more room is a person's decision.
+
+        ``changes`` holds the dimensions to change, camelCase (``maxTokens``, ``maxCostUsd``,
+        ``maxTurns``, ``deadlineS``; None makes one unlimited); the others stay. The change is
+        recorded (``agent.budget_changed``, with ``by`` and ``why``). An agent held
+        ``budget-exhausted`` that the change gives room again goes idle, its decision
+        resolved; a budget below what is spent is allowed (the agent is held at its next
+        prompt). A turn in flight keeps the budget it started with.
+        """
+        command = {"command": "budget", "agent": agent_id, "budget": dict(changes)}
+        async with self._mutex:
+            replayed = _commands.replayed(self.store.state, idempotency_key, command)
+            if replayed is not None:
+                return replayed
+            self._refuse_if_closed("budget")
+            rec = self._live(agent_id)
+            spec = self._spec(agent_id)
+            current = _budget.in_force(rec, spec)
+            new = _budget.changed(current, changes)
+            if lower_only is not None and _budget.raises(new, current):
+                raise OutOfScopeError(lower_only, "raising a budget (a person decides)")
+            now = self.clock.now()
+            events = _decisions.budget_changed(self.store.state, rec, spec, new, by, why, now)
+            after = preview(self.store.state, events, now.isoformat()).get_agent(agent_id)
+            assert after is not None
+            result = CommandResult(200, dict(after))
+            await self._commit(events, idempotency_key, command, result)
+            return result
 
     async def record_gateway_freeze(self, target: str, freeze: Json) -> None:
         """Log that the gateway froze an agent in database ``target`` (``freeze`` as JSON:

@@ -14,6 +14,7 @@ from typing import Any, cast
 
 from corral.daemon import _events as ev
 from corral.daemon._events import (
+    BudgetChangedData,
     CommandData,
     Event,
     NewEvent,
@@ -224,6 +225,13 @@ def _state_changed(tx: Tx, event: Event) -> None:
         rec["endedAt"] = event.ts
 
 
+def _budget_changed(tx: Tx, event: Event) -> None:
+    rec = tx.agent(_agent_id(event))
+    data = cast(BudgetChangedData, event.data)
+    rec["budget"] = dict(data["budget"])
+    rec["updatedAt"] = event.ts
+
+
 def _no_projection(tx: Tx, event: Event) -> None:
     """An event that only informs (the log keeps it; no projection changes)."""
 
@@ -268,6 +276,8 @@ _HANDLERS: dict[str, Callable[[Tx, Event], None]] = {
     ev.TURN_INTERRUPTED: _turn_interrupted,
     ev.STATE_CHANGED: _state_changed,
     ev.SUPERVISION_NEEDED: _no_projection,
+    ev.BUDGET_CHANGED: _budget_changed,
+    ev.WORKDIR_RECREATED: _no_projection,
     ev.NOTICE: _notice,
     ev.NOTICES_DROPPED: _dropped,
     ev.DECISION_RESOLVED: _resolved,

@@ -45,7 +45,7 @@ def request(
 ) -> TurnRequest:
     """Turn ``turn`` of the agent, with what is left of its budget at ``now``."""
     age = _budget.age_s(rec["createdAt"], now)
-    remaining = _budget.remaining(spec.budget.to_budget(), rec["usage"], age)
+    remaining = _budget.remaining(_budget.in_force(rec, spec).to_budget(), rec["usage"], age)
     timeout_s = spec.turn_timeout_s
     if remaining.deadline_s is not None:
         # A turn may not outlive the agent's deadline: it is cut short (a failed turn).
