@@ -434,6 +434,8 @@ class AgentService:
             logger.error("agent %s: turn task failed", agent_id, exc_info=task.exception())
 
     async def _run_turn(self, agent_id: str, turn: int, prompt: str) -> None:
+        if not self._workdir(agent_id).is_dir():
+            await self._recreate_workdir(agent_id, turn)
         rec = self.store.state.agents[agent_id]
         spec = self._spec(agent_id)
         env = _turns.agent_env(rec, self.url, self._token)
@@ -475,6 +477,26 @@ class AgentService:
             delay_s = min(delay_s * 2, _RESULT_RETRY_MAX_S)
             with contextlib.suppress(StoreUnavailableError):
                 await self.store.refresh()
+
+    async def _recreate_workdir(self, agent_id: str, turn: int) -> None:
+        """The agent's working directory is gone (deleted by hand, a cleanup job): make it
+        again, empty, and say so in the log and the events before the turn runs in it."""
+        workdir = self._workdir(agent_id)
+        try:
+            workdir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            # The harness fails the turn, saying the directory is missing.
+            logger.error("agent %s: could not recreate its working directory: %s", agent_id, exc)
+            return
+        logger.warning(
+            "agent %s: its working directory %s was missing; recreated it, empty", agent_id, workdir
+        )
+        try:
+            async with self._mutex:
+                if self._turns.get(agent_id) is asyncio.current_task() and not self._closed:
+                    await self._commit([ev.workdir_recreated(agent_id, turn, str(workdir))])
+        except StoreUnavailableError as exc:
+            logger.warning("agent %s: workdir_recreated not written: %s", agent_id, exc.message)
 
     async def _after_turn_success(self, rec: AgentRecord, turn: int, result: TurnResult) -> None:
         usage: TurnUsage = {"tokens": result.tokens, "costUsd": result.cost_usd}
