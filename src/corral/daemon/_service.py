@@ -5,6 +5,9 @@ commits it (the reducer in ``_state`` computes the new state), and only then doe
 on it or hear of it. See "Seed 001" in docs/architecture.md.
 """
 
+# Past 500 lines on purpose: every command and a turn's outcome are decided under one lock,
+# and each is a short method here over the pure modules that decide; the lock is not split.
+
 from __future__ import annotations
 
 import asyncio
