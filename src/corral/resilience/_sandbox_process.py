@@ -80,12 +80,32 @@ def _error_message(exc: BaseException) -> tuple[str, Any, str, str, str]:
     return ("error", carried, type(exc).__qualname__, str(exc), text)
 
 
+def _end_with_parent(conn: Connection) -> None:
+    """End this child (its whole process group) once the parent's end of ``conn`` closes.
+
+    The parent never writes to the pipe, so it becomes readable only at end of file: when
+    the parent has closed it, after the child's exit, or by dying. A parent that crashes
+    (``kill -9``) so leaves no child running on (the fork server it came from stays up while
+    its children do, so the child cannot count on the server's end)."""
+
+    def watch() -> None:
+        with contextlib.suppress(Exception):
+            conn.poll(None)
+        if os.getpgrp() == os.getpid():  # never the group it came from: only its own
+            with contextlib.suppress(Exception):
+                os.killpg(0, signal.SIGKILL)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="corral-sandbox-parent", daemon=True).start()
+
+
 def child_main(writer: Connection, agent: Any, task: SandboxTask, max_memory_bytes: int) -> None:
     """Entry point of the child process; sends exactly one message unless it dies first."""
     if hasattr(os, "setpgid"):
         # Its own process group, so the parent can kill whatever the agent started as well.
         with contextlib.suppress(OSError):
             os.setpgid(0, 0)
+    _end_with_parent(writer)
     try:
         if max_memory_bytes:
             _limit_memory(max_memory_bytes)
@@ -306,7 +326,8 @@ async def run_in_process(
             ),
         )
     context = _context()
-    reader, writer = context.Pipe(duplex=False)
+    # Duplex: the child watches its end for the parent's going away (see _end_with_parent).
+    reader, writer = context.Pipe(duplex=True)
     preloaded = _preloaded_process(tuple(preload)) if preload else None
     process = (preloaded or context.Process)(  # type: ignore[attr-defined]
         target=child_main,

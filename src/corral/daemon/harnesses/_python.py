@@ -128,7 +128,8 @@ class PythonHarness:
         )
 
     async def reap(self, agent_id: str, state_dir: Path) -> bool:
-        """A python turn's worker is killed with its turn: always False."""
+        """A python turn's worker ends with its turn, and by itself when the daemon dies
+        (see ``corral.resilience``'s process isolation): always False."""
         v.non_empty_str("PythonHarness.reap", "agent_id", agent_id)
         v.instance_of("PythonHarness.reap", "state_dir", state_dir, Path)
         return False
