@@ -183,6 +183,52 @@ async def test_text_from_agents_is_printed_escaped_and_json_stays_exact(
     assert "error invalid_request:" in err
 
 
+async def test_budget_raises_a_budget_from_the_command_line(
+    daemon: FrontDoor, tmp_path: Path
+) -> None:
+    agent = await spawn(daemon, tmp_path, prompt="go", budget={"maxTurns": 1})
+    await settle(lambda: daemon.state(agent) == "idle")
+    err = refused(await corral("--url", daemon.url, "prompt", agent, "more"), 2)
+    assert err.startswith(f"error budget_exhausted: agent '{agent}': turns budget exhausted")
+    assert f"corral budget {agent}" in err
+    shown = await corral("--url", daemon.url, "decisions")
+    assert "held on a budget: corral budget ID --max-cost-usd N" in shown.stderr
+
+    said = ok(
+        await corral(
+            "--url",
+            daemon.url,
+            "budget",
+            agent,
+            "--max-turns",
+            "3",
+            "--unlimited",
+            "cost-usd",
+            "--by",
+            "ana",
+            "--why",
+            "worth it",
+        )
+    )
+    assert said.startswith(f"{agent}: budget maxTokens=unlimited, maxCostUsd=unlimited, maxTurns=3")
+    assert "idle" in said
+    (resolution,) = daemon.service.resolutions()
+    assert (resolution["action"], resolution["by"], resolution["why"]) == (
+        "budget",
+        "ana",
+        "worth it",
+    )
+    bad = refused(
+        await corral(
+            "--url", daemon.url, "budget", agent, "--unlimited", "money", "--by", "a", "--why", "b"
+        ),
+        2,
+    )
+    assert "--unlimited must be one of tokens, cost-usd, turns, deadline-s" in bad
+    missing = await corral("--url", daemon.url, "budget", agent, "--max-turns", "4")
+    assert missing.exit_code == 2  # --by and --why are required
+
+
 async def test_events_reads_the_log(daemon: FrontDoor, tmp_path: Path) -> None:
     a = await spawn(daemon, tmp_path, prompt="go")
     await settle(lambda: daemon.state(a) == "idle")

@@ -223,6 +223,19 @@ async def test_a_command_that_cannot_start_is_a_failed_turn(tmp_path: Path) -> N
     assert not (req.state_dir / PID_FILE).exists()
 
 
+async def test_a_missing_working_directory_is_named_not_blamed_on_the_command(
+    tmp_path: Path,
+) -> None:
+    req = request(tmp_path, "echo")
+    req.workdir.rmdir()
+    with pytest.raises(TurnFailedError) as caught:
+        await CommandHarness().run_turn(req)
+    assert caught.value.message == (
+        f"the agent's working directory {str(req.workdir)!r} does not exist (it was deleted); "
+        "the command was not started"
+    )
+
+
 # --- timeout, cancellation, process groups --------------------------------------------------
 
 

@@ -28,8 +28,11 @@ def request(
     instructions: str | None = "be brief",
     remaining: ExecutionBudget | None = None,
     timeout_s: float = 10.0,
+    model_options: dict[str, Any] | None = None,
 ) -> TurnRequest:
     openai: dict[str, Any] = {"baseUrl": base_url, "model": "test-model"}
+    if model_options is not None:
+        openai["modelOptions"] = model_options
     if price is not None:
         openai["price"] = price
     if api_key_env is not None:
@@ -114,21 +117,22 @@ async def test_a_server_error_is_a_failed_turn_with_the_usage_spent(
     assert error.usage == {"tokens": 0, "costUsd": 0.0}
 
 
-async def test_budget_exhaustion_fails_the_turn_and_reports_what_was_spent(
+async def test_a_reply_past_the_budget_fails_the_turn_with_its_dimension(
     openai_server: OpenAIServer, tmp_path: Path
 ) -> None:
-    openai_server.enqueue(completion("too long", usage=(100, 20)))
+    # The server ignores the cap it was sent: what it spent is counted all the same.
+    openai_server.enqueue(completion("too long", usage=(100, 20_000)))
     req = request(
-        openai_server.base_url, tmp_path, price=PRICE, remaining=ExecutionBudget(max_tokens=50)
+        openai_server.base_url, tmp_path, price=PRICE, remaining=ExecutionBudget(max_cost_usd=0.02)
     )
     with pytest.raises(TurnFailedError) as caught:
         await OpenAIHarness().run_turn(req)
     error = caught.value
-    assert error.message == "tokens budget exhausted: used 120 of a limit of 50"
-    assert error.details["cause"] == "budget_exhausted"
+    assert error.message.startswith("cost_usd budget exhausted: used 0.0401 of a limit of 0.02")
+    assert (error.dimension, error.details["cause"]) == ("cost_usd", "budget_exhausted")
     assert error.usage is not None
-    assert error.usage["tokens"] == 120
-    assert error.usage["costUsd"] == pytest.approx(140 / 1_000_000)
+    assert error.usage["tokens"] == 20_100
+    assert error.usage["costUsd"] == pytest.approx(40_100 / 1_000_000)
 
 
 async def test_a_budget_with_no_room_makes_no_call(
@@ -140,15 +144,69 @@ async def test_a_budget_with_no_room_makes_no_call(
     assert openai_server.requests == []
 
 
-async def test_a_dollar_budget_without_a_price_fails_with_unknown_cost(
+async def test_a_dollar_budget_without_a_price_makes_no_call(
     openai_server: OpenAIServer, tmp_path: Path
 ) -> None:
-    openai_server.enqueue(completion("x", usage=(10, 10)))
     req = request(openai_server.base_url, tmp_path, remaining=ExecutionBudget(max_cost_usd=1.0))
-    with pytest.raises(TurnFailedError, match="cost of model 'test-model' is unknown") as caught:
+    with pytest.raises(TurnFailedError, match="its cost is unknown") as caught:
         await OpenAIHarness().run_turn(req)
-    assert caught.value.details["cause"] == "cost_unknown"
-    assert caught.value.usage == {"tokens": 20, "costUsd": None}
+    assert (caught.value.dimension, caught.value.details["cause"]) == (
+        "cost_usd",
+        "budget_exhausted",
+    )
+    assert caught.value.usage == {"tokens": 0, "costUsd": 0.0}
+    assert openai_server.requests == []
+
+
+async def test_a_call_whose_cap_could_pass_the_money_left_is_not_made(
+    openai_server: OpenAIServer, tmp_path: Path
+) -> None:
+    # 1,000 output tokens at $2/Mtok could cost $0.002 with $0.001 left.
+    req = request(
+        openai_server.base_url,
+        tmp_path,
+        price=PRICE,
+        remaining=ExecutionBudget(max_cost_usd=0.001),
+        model_options={"max_tokens": 1000, "temperature": 0},
+    )
+    with pytest.raises(TurnFailedError) as caught:
+        await OpenAIHarness().run_turn(req)
+    error = caught.value
+    assert error.dimension == "cost_usd"
+    assert error.message.startswith(
+        "cost_usd budget: the next model call was not made: it could spend up to 0.002"
+    )
+    assert "and 0.001 is left" in error.message
+    assert openai_server.requests == []
+
+
+async def test_the_harness_caps_a_call_at_what_the_money_left_affords(
+    openai_server: OpenAIServer, tmp_path: Path
+) -> None:
+    openai_server.enqueue(completion("short", usage=(40, 10)))
+    req = request(
+        openai_server.base_url,
+        tmp_path,
+        price=PRICE,
+        remaining=ExecutionBudget(max_cost_usd=0.0025),
+        model_options={"temperature": 0},
+    )
+    result = await OpenAIHarness().run_turn(req)
+    assert result.output == "short"
+    (sent,) = openai_server.requests
+    assert sent.json["temperature"] == 0
+    cap = sent.json["max_tokens"]
+    assert 1 <= cap < 1250  # what $0.0025 buys at $2/Mtok, less the input's worst case
+    inputs = len(sent.body)  # every byte of the request bounds the input from above
+    assert (inputs * 1.0 + cap * 2.0) / 1e6 <= 0.0025
+
+
+async def test_without_a_spend_limit_no_cap_is_added(
+    openai_server: OpenAIServer, tmp_path: Path
+) -> None:
+    openai_server.enqueue(completion("ok"))
+    await OpenAIHarness().run_turn(request(openai_server.base_url, tmp_path, price=PRICE))
+    assert "max_tokens" not in openai_server.requests[0].json
 
 
 async def test_a_missing_key_variable_is_a_failed_turn_naming_it(

@@ -1,24 +1,30 @@
-"""PythonHarness: functions named ``module:function``, sync and async."""
+"""PythonHarness: functions named ``module:function``, sync and async, in worker processes."""
 
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import Iterator
+import contextlib
+import json
+import os
+import sys
+import types
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from corral.daemon import (
     Harness,
+    HttpApi,
     PythonHarness,
-    TurnContext,
+    ServeConfig,
     TurnFailedError,
     TurnRequest,
     parse_spec,
+    serve,
 )
 from corral.kernel import InvalidArgumentError
-from tests.daemon.workers import py_funcs
 from tests.support.polling import settle
 
 MODULE = "tests.daemon.workers.py_funcs"
@@ -47,37 +53,34 @@ def request(
     )
 
 
-@pytest.fixture(autouse=True)
-def fresh_worker_state() -> Iterator[None]:
-    py_funcs.seen.clear()
-    py_funcs.release.clear()
-    yield
-    py_funcs.release.set()  # lets a blocked worker thread end
-
-
-async def test_sync_function_runs_in_a_thread_with_its_context(tmp_path: Path) -> None:
+async def test_the_function_runs_in_a_worker_process_with_its_context(tmp_path: Path) -> None:
     harness = PythonHarness()
     assert isinstance(harness, Harness)
     req = request(tmp_path, "report", spec_env={"A": "spec", "B": "spec"}, env={"B": "req"})
-    result = await harness.run_turn(req)
-    assert result.output == "a_00c0ffee#7: hello"
-    assert (result.tokens, result.cost_usd) == (0, 0.0)
-    assert py_funcs.seen["thread"] is not threading.main_thread()
-    assert py_funcs.seen["context"] == TurnContext(
-        agent_id="a_00c0ffee", turn=7, workdir=req.workdir, env={"A": "spec", "B": "req"}
-    )
+    seen = json.loads((await harness.run_turn(req)).output)
+    assert seen["pid"] != os.getpid()
+    assert seen == {
+        "pid": seen["pid"],
+        "agentId": "a_00c0ffee",
+        "turn": 7,
+        "workdir": str(req.workdir),
+        "env": {"A": "spec", "B": "req"},
+        "isContext": True,
+        "prompt": "hello",
+    }
+    again = json.loads((await harness.run_turn(req)).output)
+    assert again["pid"] != seen["pid"]  # a fresh process per turn
 
 
-async def test_async_function_is_awaited_on_the_loop(tmp_path: Path) -> None:
+async def test_async_function_is_run_to_its_end_in_the_worker(tmp_path: Path) -> None:
     result = await PythonHarness().run_turn(request(tmp_path, "areport"))
-    assert result.output == "async a_00c0ffee#7: hello"
-    assert py_funcs.seen["thread"] is threading.current_thread()
+    assert result.output.startswith("async a_00c0ffee#7: hello in ")
+    assert result.output != f"async a_00c0ffee#7: hello in {os.getpid()}"
 
 
-async def test_object_with_async_call_is_awaited_on_the_loop(tmp_path: Path) -> None:
+async def test_object_with_async_call_is_awaited(tmp_path: Path) -> None:
     result = await PythonHarness().run_turn(request(tmp_path, "acallable"))
     assert result.output == "callable hello"
-    assert py_funcs.seen["thread"] is threading.current_thread()
 
 
 async def test_an_awaitable_returned_by_a_sync_function_is_awaited(tmp_path: Path) -> None:
@@ -119,7 +122,7 @@ async def test_sys_exit_and_keyboard_interrupt_in_the_function_fail_the_turn(
 ) -> None:
     with pytest.raises(TurnFailedError, match="raised SystemExit: 3"):
         await PythonHarness().run_turn(request(tmp_path, "exits"))
-    with pytest.raises(TurnFailedError, match="raised RuntimeError: KeyboardInterrupt"):
+    with pytest.raises(TurnFailedError, match="raised KeyboardInterrupt"):
         await PythonHarness().run_turn(request(tmp_path, "interrupts"))
 
 
@@ -159,39 +162,77 @@ async def test_unresolvable_functions_fail_the_turn(
     assert caught.value.details["function"] == function
 
 
-async def test_sync_timeout_fails_the_turn_and_leaves_the_thread_to_finish(tmp_path: Path) -> None:
-    with pytest.raises(TurnFailedError, match=r"turn timed out after 0.2 s") as caught:
-        await PythonHarness().run_turn(request(tmp_path, "blocks", timeout_s=0.2))
-    assert caught.value.details["timeout_s"] == 0.2
-    assert py_funcs.seen["blocks_started"] is True
-    assert "blocks_finished" not in py_funcs.seen  # the thread cannot be stopped...
-    py_funcs.release.set()
-    await settle(lambda: py_funcs.seen.get("blocks_finished") is True)  # ...it ends by itself
+async def test_a_module_the_worker_cannot_import_fails_the_turn(tmp_path: Path) -> None:
+    # In the daemon's modules only: the worker process imports the module by its name.
+    module = types.ModuleType("corral_test_in_memory_only")
+    module.f = lambda prompt, context: "never"  # type: ignore[attr-defined]
+    sys.modules[module.__name__] = module
+    try:
+        with pytest.raises(TurnFailedError, match="in the worker process: ModuleNotFoundError"):
+            await PythonHarness().run_turn(request(tmp_path, f"{module.__name__}:f"))
+    finally:
+        del sys.modules[module.__name__]
 
 
-async def test_async_timeout_cancels_the_coroutine(tmp_path: Path) -> None:
-    with pytest.raises(TurnFailedError, match=r"turn timed out after 0.1 s"):
-        await PythonHarness().run_turn(request(tmp_path, "ablocks", timeout_s=0.1))
-    assert py_funcs.seen["ablocks_cancelled"] is True
+async def test_os_exit_is_a_failed_turn_naming_the_exit_code(tmp_path: Path) -> None:
+    with pytest.raises(TurnFailedError) as caught:
+        await PythonHarness().run_turn(request(tmp_path, "hard_exit"))
+    assert caught.value.message == (
+        f"the worker process of function '{MODULE}:hard_exit' exited with code 3 before the "
+        "turn ended"
+    )
+    assert caught.value.details["exit_code"] == 3
 
 
-async def test_cancellation_propagates_and_cancels_an_async_function(tmp_path: Path) -> None:
-    task = asyncio.ensure_future(PythonHarness().run_turn(request(tmp_path, "ablocks")))
-    await settle(lambda: "ablocks_started" in py_funcs.seen)
+async def test_a_segfault_is_a_failed_turn_naming_the_signal(tmp_path: Path) -> None:
+    with pytest.raises(TurnFailedError, match="was killed by signal SIGSEGV before the turn"):
+        await PythonHarness().run_turn(request(tmp_path, "segfault"))
+
+
+async def test_memory_over_the_limit_is_a_failed_turn(tmp_path: Path) -> None:
+    harness = PythonHarness(max_memory_bytes=512 * 1024 * 1024)
+    with pytest.raises(TurnFailedError, match="over its memory limit of 536870912 bytes"):
+        await harness.run_turn(request(tmp_path, "hog"))
+
+
+async def test_a_timeout_kills_the_worker_process(tmp_path: Path) -> None:
+    req = request(tmp_path, "sleeps", timeout_s=0.5)
+    req.workdir.mkdir()
+    with pytest.raises(TurnFailedError, match=r"turn timed out after 0.5 s .*killed at the turn"):
+        await PythonHarness().run_turn(req)
+    pid = _pid(req.workdir)
+    assert pid is not None
+    assert not _alive(pid)
+
+
+async def test_cancellation_kills_the_worker_process_and_propagates(tmp_path: Path) -> None:
+    req = request(tmp_path, "sleeps")
+    req.workdir.mkdir()
+    task = asyncio.ensure_future(PythonHarness().run_turn(req))
+    await settle(lambda: _pid(req.workdir) is not None, within_s=10)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert py_funcs.seen["ablocks_cancelled"] is True
+    pid = _pid(req.workdir)
+    assert pid is not None
+    # A cancellation while the process was still starting kills it once the start returns.
+    await settle(lambda: not _alive(pid))
 
 
-async def test_cancellation_propagates_for_a_sync_function(tmp_path: Path) -> None:
-    task = asyncio.ensure_future(PythonHarness().run_turn(request(tmp_path, "blocks")))
-    await settle(lambda: "blocks_started" in py_funcs.seen)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    py_funcs.release.set()
-    await settle(lambda: py_funcs.seen.get("blocks_finished") is True)
+def _pid(workdir: Path) -> int | None:
+    """The pid the function wrote, once it is written whole."""
+    try:
+        return int((workdir / "pid").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 async def test_reap_has_nothing_to_end(tmp_path: Path) -> None:
@@ -211,3 +252,69 @@ async def test_run_turn_refuses_what_is_not_a_python_turn(tmp_path: Path) -> Non
     )
     with pytest.raises(InvalidArgumentError, match="a spec of harness 'python'"):
         await PythonHarness().run_turn(other)
+
+
+# --- the daemon stays up --------------------------------------------------------------------
+
+
+async def test_a_crashing_python_agent_fails_alone_and_the_daemon_serves_on(
+    tmp_path: Path,
+) -> None:
+    """``os._exit``, a segfault and a memory hog, next to an agent that works: the daemon
+    (this process, serving HTTP on loopback) answers throughout, and only the bad agents'
+    turns fail."""
+    config = ServeConfig(port=0, store=f"sqlite:///{tmp_path / 'corral.db'}", home=tmp_path)
+    harness = PythonHarness(max_memory_bytes=512 * 1024 * 1024)
+    bound: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    server = asyncio.create_task(
+        serve(config, harnesses={"python": harness}, ready=bound.set_result)
+    )
+    try:
+        url = await asyncio.wait_for(asyncio.shield(bound), 30)
+        async with HttpApi(url) as api:
+            spec = {"harness": "python", "prompt": "go"}
+            bad = {
+                name: (await api.spawn({**spec, "name": name, "function": f"{MODULE}:{name}"}))[
+                    "id"
+                ]
+                for name in ("hard_exit", "segfault", "hog")
+            }
+            good = (await api.spawn({**spec, "name": "good", "function": f"{MODULE}:areport"}))[
+                "id"
+            ]
+            ended: dict[str, Any] = {}
+
+            async def all_ended() -> bool:
+                for agent_id in [*bad.values(), good]:
+                    ended[agent_id] = await api.get(agent_id)
+                return all(a["state"] in ("failed", "idle") for a in ended.values())
+
+            await _until(all_ended)
+            assert ended[good]["state"] == "idle"
+            assert ended[good]["lastOutput"].startswith("async ")
+            errors = {name: ended[agent_id]["lastError"] for name, agent_id in bad.items()}
+            assert "exited with code 3" in errors["hard_exit"]
+            assert "killed by signal SIGSEGV" in errors["segfault"]
+            assert "over its memory limit" in errors["hog"]
+            assert all(ended[a]["state"] == "failed" for a in bad.values())
+            await api.prompt(good, "again")
+
+            async def second_turn_done() -> bool:
+                rec = await api.get(good)
+                return bool(rec["turns"] == 2 and rec["state"] == "idle")
+
+            await _until(second_turn_done)
+        assert not server.done()
+    finally:
+        server.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await server
+
+
+async def _until(check: Callable[[], Awaitable[bool]], within_s: float = 30.0) -> None:
+    """Poll ``check`` over HTTP until it holds (worker processes answer in real time)."""
+    for _ in range(int(within_s / 0.05)):
+        if await check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"not within {within_s} s")

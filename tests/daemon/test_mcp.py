@@ -36,6 +36,7 @@ TOOL_NAMES = [
     "agent_spawn",
     "agent_prompt",
     "agent_stop",
+    "agent_budget",
     "agent_status",
     "agent_list",
     "inbox_read",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -868,3 +869,30 @@ async def test_a_turn_may_not_outlive_the_agents_deadline(env: Env) -> None:
     plain = await env.spawn(name="p", prompt="go", turnTimeoutS=42)
     await env.until(plain, "idle")
     assert env.harness.requests[-1].timeout_s == 42
+
+
+async def test_a_deleted_working_directory_is_recreated_and_said_so(env: Env) -> None:
+    agent_id = await env.spawn(name="w", prompt="one")
+    await env.until(agent_id, "idle")
+    workdir = Path(env.service.get(agent_id)["workdir"])
+    (workdir / "notes").write_text("kept by the agent")
+    shutil.rmtree(workdir)
+    await env.service.prompt(agent_id, "two")
+    rec = await env.until(agent_id, "idle")
+    assert rec["lastOutput"] == "ok"
+    assert _listing(workdir) == []  # there again, empty
+    types = await env.types(agent_id)
+    recreated = types.index("agent.workdir_recreated")
+    assert types[recreated - 1 : recreated + 2] == [
+        "agent.turn_started",
+        "agent.workdir_recreated",
+        "agent.turn_completed",
+    ]
+    (event,) = [e for e in await env.events(agent_id) if e.type == "agent.workdir_recreated"]
+    assert event.data == {"turn": 2, "workdir": str(workdir)}
+    await env.assert_replay_matches()
+
+
+def _listing(directory: Path) -> list[str] | None:
+    """The names in ``directory``; None when it does not exist."""
+    return sorted(p.name for p in directory.iterdir()) if directory.is_dir() else None

@@ -80,3 +80,10 @@ def unknown_here(task: str) -> Any:
     kind = type("OnlyInTheChild", (), {"__module__": __name__})
     globals()["OnlyInTheChild"] = kind  # picklable here, not importable in the parent
     return kind()
+
+
+def loaded(task: str) -> list[str]:
+    """Which of the modules named in ``task`` (comma-separated) the child has imported."""
+    import sys
+
+    return [name for name in task.split(",") if name in sys.modules]

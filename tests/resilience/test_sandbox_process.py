@@ -5,9 +5,11 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from corral.kernel import InvalidArgumentError
 from corral.resilience import (
     SandboxAgentError,
     SandboxConfig,
@@ -229,3 +231,61 @@ async def test_an_answer_the_parent_cannot_unpickle_is_an_agent_error() -> None:
     assert isinstance(result.error, SandboxAgentError)
     assert "answer could not be read in this process" in result.error.message
     assert "OnlyInTheChild" in result.error.message
+
+
+async def test_a_preloaded_child_starts_with_the_modules_already_imported() -> None:
+    # ``decimal`` is imported by neither the sandbox nor the agent's module: only the fork
+    # server of the preload list can have imported it.
+    config = SandboxConfig(isolation="process", timeout_s=20, preload=("decimal",))
+    result = await run_sandboxed(agents.loaded, "decimal", config)
+    assert result.completed, result.error
+    assert result.result == ["decimal"]
+    plain = await run_sandboxed(agents.loaded, "decimal", SandboxConfig(isolation="process"))
+    assert plain.result == []
+
+
+@pytest.mark.parametrize("preload", [("",), "decimal", (1,)])
+def test_preload_needs_module_names_and_process_isolation(preload: Any) -> None:
+    with pytest.raises(InvalidArgumentError, match="preload"):
+        SandboxConfig(isolation="process", preload=preload)
+    with pytest.raises(InvalidArgumentError, match="preload"):
+        SandboxConfig(preload=("decimal",))
+
+
+_ROOT = Path(__file__).resolve().parents[2]
+_ORPHAN_SCRIPT = """
+import asyncio, os, sys
+from corral.resilience import SandboxConfig, run_sandboxed
+from tests.resilience import sandbox_agents as agents
+
+async def main():
+    config = SandboxConfig(isolation="process", timeout_s=60, preload=("decimal",))
+    run = asyncio.ensure_future(run_sandboxed(agents.sleep_forever, sys.argv[1], config))
+    while not os.path.exists(os.path.join(sys.argv[1], "child.pid")):
+        await asyncio.sleep(0.01)
+    os._exit(9)  # a crash: nothing is cleaned up
+
+if __name__ == "__main__":
+    asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+async def test_a_child_does_not_outlive_a_parent_that_crashes(tmp_path: Path) -> None:
+    script = tmp_path / "crash.py"
+    script.write_text(_ORPHAN_SCRIPT)
+    root = _ROOT
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(script),
+        str(tmp_path),
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    assert await asyncio.wait_for(process.wait(), 30) == 9
+    child = await read_pid(tmp_path / "child.pid")
+    for _ in range(500):
+        if gone(child):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"child {child} outlived the parent that crashed")

@@ -1,4 +1,4 @@
-"""Commands on agents: spawn, list, show, prompt, stop, and an agent's inbox."""
+"""Commands on agents: spawn, list, show, prompt, stop, budget, and an agent's inbox."""
 
 import json
 import sys
@@ -83,6 +83,65 @@ def stop(
     """End an agent (a turn in flight is cancelled)."""
     answer = call(target(ctx), lambda api: api.stop(agent_id, by=by, why=why, idempotency_key=key))
     say(f"{answer.get('id', agent_id)}: stop accepted")
+
+
+_DIMENSIONS = {
+    "tokens": "maxTokens",
+    "cost-usd": "maxCostUsd",
+    "turns": "maxTurns",
+    "deadline-s": "deadlineS",
+}
+
+
+def budget(
+    ctx: typer.Context,
+    agent_id: AgentArg,
+    by: Annotated[str, typer.Option("--by", help="Who decides (recorded).")],
+    why: Annotated[str, typer.Option("--why", help="Why (recorded).")],
+    max_tokens: Annotated[int | None, typer.Option(min=0, help="Tokens in all.")] = None,
+    max_cost_usd: Annotated[float | None, typer.Option(min=0, help="Dollars in all.")] = None,
+    max_turns: Annotated[int | None, typer.Option(min=0, help="Turns in all.")] = None,
+    deadline_s: Annotated[
+        float | None, typer.Option(min=0, help="Seconds from the agent's creation.")
+    ] = None,
+    unlimited: Annotated[
+        list[str] | None,
+        typer.Option(help="Lift a limit: tokens, cost-usd, turns or deadline-s (repeatable)."),
+    ] = None,
+    key: KeyOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Change an agent's budget (releases an agent held on its budget; prompt it then)."""
+    changes: dict[str, Any] = {
+        name: value
+        for name, value in (
+            ("maxTokens", max_tokens),
+            ("maxCostUsd", max_cost_usd),
+            ("maxTurns", max_turns),
+            ("deadlineS", deadline_s),
+        )
+        if value is not None
+    }
+    with refusals():
+        for name in unlimited or []:
+            if name not in _DIMENSIONS:
+                from corral.kernel import InvalidArgumentError
+
+                raise InvalidArgumentError(
+                    "budget", "--unlimited", f"one of {', '.join(_DIMENSIONS)}", name
+                )
+            changes[_DIMENSIONS[name]] = None
+    agent = call(
+        target(ctx),
+        lambda api: api.budget(agent_id, changes, by=by, why=why, idempotency_key=key),
+    )
+    if as_json:
+        print_json(agent)
+        return
+    shown = ", ".join(f"{k}={'unlimited' if v is None else v}" for k, v in agent["budget"].items())
+    stdout().print(
+        f"{cell(agent.get('id', agent_id))}: budget {cell(shown)}  {state(agent.get('state'))}"
+    )
 
 
 def inbox(ctx: typer.Context, agent_id: AgentArg, as_json: JsonOpt = False) -> None:

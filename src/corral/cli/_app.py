@@ -41,6 +41,7 @@ def build_app() -> "typer.Typer":
         _agents.show,
         _agents.prompt,
         _agents.stop,
+        _agents.budget,
         _events.events,
         _agents.inbox,
         _events.decisions,

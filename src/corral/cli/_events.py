@@ -91,6 +91,8 @@ def decisions(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         stderr().print(
             "resolve with: corral prompt ID [TEXT] --by NAME --why REASON, or corral stop ID"
         )
+    if any(d.get("reason") == "budget-exhausted" for d in waiting):
+        stderr().print("held on a budget: corral budget ID --max-cost-usd N --by NAME --why REASON")
     if "gateway_frozen" in kinds:
         stderr().print(
             "reinstate with: corral gateway reinstate ID --target DB --by NAME --reason WHY"

@@ -24,9 +24,10 @@ class AgentApi(Protocol):
     """The agent service's commands and queries, as JSON dicts.
 
     ``spawn`` answers the new agent's record; ``prompt`` and ``stop`` answer
-    ``{"id", "accepted"}``. A retried command with the same ``idempotency_key`` answers the
-    first answer and is not applied twice. Every refusal is a ``CorralError`` subclass
-    (``AgentNotFoundError``, ``InvalidSpecError``, ...).
+    ``{"id", "accepted"}``; ``budget`` changes an agent's budget (camelCase dimensions, None
+    for unlimited) and answers its record. A retried command with the same
+    ``idempotency_key`` answers the first answer and is not applied twice. Every refusal is
+    a ``CorralError`` subclass (``AgentNotFoundError``, ``InvalidSpecError``, ...).
     """
 
     async def spawn(self, spec: Mapping[str, Any], idempotency_key: str | None = None) -> Json: ...
@@ -43,6 +44,15 @@ class AgentApi(Protocol):
     async def stop(
         self,
         agent_id: str,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json: ...
+
+    async def budget(
+        self,
+        agent_id: str,
+        budget: Mapping[str, Any],
         by: str | None = None,
         why: str | None = None,
         idempotency_key: str | None = None,
@@ -85,7 +95,8 @@ class ScopedService:
 
     ``principal`` None is the operator (the daemon's own token, or none): everything. An
     agent id is that agent's own token: it reaches the agent and its descendants only
-    (:meth:`AgentService.in_scope`); it lists and reads them, prompts and stops them, spawns
+    (:meth:`AgentService.in_scope`); it lists and reads them, prompts and stops them, lowers
+    (never raises) their budgets, spawns
     children under them (never a new root), reads their events one agent at a time and
     their decisions, queries a database as itself only, reads and freezes its subtree's
     breakers (in its own name), and may not reinstate (a person decides). Anything else
@@ -157,6 +168,29 @@ class ScopedService:
     ) -> CommandResult:
         self.check(agent_id)
         return await self.service.stop(agent_id, by=by, why=why, idempotency_key=idempotency_key)
+
+    async def change_budget(
+        self,
+        agent_id: str,
+        changes: Mapping[str, Any],
+        *,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> CommandResult:
+        """Change a budget in reach; an agent's token may lower budgets (its own included),
+        never raise one, and changes them in its own name."""
+        self.check(agent_id)
+        if self.principal is not None and by is not None and by != self.principal:
+            raise OutOfScopeError(self.principal, f"changing a budget in the name of {by!r}")
+        return await self.service.change_budget(
+            agent_id,
+            changes,
+            by=by if self.principal is None else self.principal,
+            why=why,
+            idempotency_key=idempotency_key,
+            lower_only=self.principal,
+        )
 
     def get(self, agent_id: str) -> Json:
         self.check(agent_id)
@@ -297,6 +331,20 @@ class LocalApi:
     ) -> Json:
         v.non_empty_str("stop", "agent_id", agent_id)
         result = await self._scope.stop(agent_id, by=by, why=why, idempotency_key=idempotency_key)
+        return result.body
+
+    async def budget(
+        self,
+        agent_id: str,
+        budget: Mapping[str, Any],
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json:
+        v.non_empty_str("budget", "agent_id", agent_id)
+        result = await self._scope.change_budget(
+            agent_id, budget, by=by, why=why, idempotency_key=idempotency_key
+        )
         return result.body
 
     async def get(self, agent_id: str) -> Json:

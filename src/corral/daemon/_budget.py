@@ -6,11 +6,19 @@ Pure functions over the budget, what the agent's turns have spent (its ``usage``
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from datetime import datetime
+from typing import Any
 
-from corral.daemon._records import Usage
+import pydantic
+
+from corral.daemon._errors import InvalidSpecError
+from corral.daemon._records import AgentRecord, Usage
+from corral.daemon._spec import AgentSpec, BudgetSpec, problems_of
 from corral.kernel import BudgetExhaustedError, ExecutionBudget
 from corral.runtime import ExecutionTracker
+
+_FIELDS = frozenset(BudgetSpec.model_json_schema(by_alias=True)["properties"])
 
 # What a new agent has spent (read-only).
 NOTHING_SPENT: Usage = {"tokens": 0, "costUsd": 0.0, "turns": 0, "unpricedTurns": 0}
@@ -65,3 +73,41 @@ def remaining(budget: ExecutionBudget, used: Usage, age: float) -> ExecutionBudg
         max_turns=None,
         deadline_s=None if budget.deadline_s is None else max(0.0, budget.deadline_s - age),
     )
+
+
+def in_force(rec: AgentRecord, spec: AgentSpec) -> BudgetSpec:
+    """The agent's budget now: the last one set by a change (``PATCH /agents/{id}``), else
+    the spec's."""
+    changed = rec.get("budget")
+    return spec.budget if changed is None else BudgetSpec.model_validate(changed)
+
+
+def changed(current: BudgetSpec, changes: Mapping[str, Any]) -> BudgetSpec:
+    """``current`` with ``changes`` (camelCase keys; a None value is unlimited) applied;
+    ``InvalidSpecError`` lists every problem, and refuses a change of nothing."""
+    if not isinstance(changes, Mapping) or not changes:
+        names = ", ".join(BudgetSpec.model_json_schema(by_alias=True)["properties"])
+        raise InvalidSpecError(
+            [{"field": "budget", "message": f"must change at least one of {names}"}],
+            "budget change",
+        )
+    problems = [
+        {"field": f"budget.{k}", "message": "unknown field"} for k in changes if k not in _FIELDS
+    ]
+    known = {k: value for k, value in changes.items() if k in _FIELDS}
+    try:
+        new = BudgetSpec.model_validate({**current.model_dump(by_alias=True), **known})
+    except pydantic.ValidationError as exc:
+        problems += [{**p, "field": f"budget.{p['field']}"} for p in problems_of(exc)]
+    if problems:
+        raise InvalidSpecError(problems, "budget change")
+    return new
+
+
+def raises(new: BudgetSpec, old: BudgetSpec) -> bool:
+    """Whether ``new`` gives more room than ``old`` in any dimension."""
+    for name in BudgetSpec.model_fields:
+        before, after = getattr(old, name), getattr(new, name)
+        if before is not None and (after is None or after > before):
+            return True
+    return False

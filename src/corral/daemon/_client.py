@@ -243,6 +243,23 @@ class HttpApi:
         body = _command({"by": by, "why": why, "idempotencyKey": idempotency_key})
         return dict(await self._call("POST", f"/agents/{_seg(agent_id)}/stop", body))
 
+    async def budget(
+        self,
+        agent_id: str,
+        budget: Mapping[str, Any],
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json:
+        v.non_empty_str("budget", "agent_id", agent_id)
+        if not isinstance(budget, Mapping):
+            raise InvalidArgumentError("budget", "budget", "a mapping of budget dimensions", budget)
+        body = {
+            "budget": dict(budget),
+            **_command({"by": by, "why": why, "idempotencyKey": idempotency_key}),
+        }
+        return dict(await self._call("PATCH", f"/agents/{_seg(agent_id)}", body))
+
     async def get(self, agent_id: str) -> Json:
         v.non_empty_str("get", "agent_id", agent_id)
         return dict(await self._call("GET", f"/agents/{_seg(agent_id)}"))

@@ -14,7 +14,7 @@ from corral.daemon import _events as ev
 from corral.daemon._events import NewEvent
 from corral.daemon._policy import BUDGET_EXHAUSTED, after_failure
 from corral.daemon._records import AgentRecord, TurnUsage
-from corral.daemon._spec import AgentSpec
+from corral.daemon._spec import AgentSpec, BudgetSpec
 from corral.daemon._state import State, preview
 from corral.kernel import BudgetExhaustedError
 
@@ -22,7 +22,24 @@ from corral.kernel import BudgetExhaustedError
 def exhausted(rec: AgentRecord, spec: AgentSpec, now: datetime) -> BudgetExhaustedError | None:
     """Why the agent's budget leaves no room for another turn at ``now``, or None."""
     age = _budget.age_s(rec["createdAt"], now)
-    return _budget.exhausted(spec.budget.to_budget(), rec["usage"], age)
+    return _budget.exhausted(_budget.in_force(rec, spec).to_budget(), rec["usage"], age)
+
+
+def held_on_budget(rec: AgentRecord, spec: AgentSpec, now: datetime) -> BudgetExhaustedError:
+    """Why an agent held ``budget-exhausted`` takes no prompt: its hold's own error."""
+    dimension = rec.get("dimension") or "cost_usd"
+    budget = _budget.in_force(rec, spec).to_budget()
+    used = rec["usage"]
+    limit, spent = {
+        "tokens": (budget.max_tokens, used["tokens"]),
+        "cost_usd": (budget.max_cost_usd, used["costUsd"]),
+        "turns": (budget.max_turns, used["turns"]),
+        "deadline_s": (budget.deadline_s, round(_budget.age_s(rec["createdAt"], now), 3)),
+    }.get(dimension, (None, 0))
+    why = BudgetExhaustedError(dimension, -1 if limit is None else limit, spent)
+    why.message = f"held on its budget: {rec['error'] or 'no room left'}"
+    why.args = (why.message,)
+    return why
 
 
 def hold(
@@ -43,6 +60,34 @@ def hold(
 def budget_hold(state: State, rec: AgentRecord, why: BudgetExhaustedError) -> list[NewEvent]:
     """Hold the agent because its budget leaves no room for a turn."""
     return hold(state, rec, BUDGET_EXHAUSTED, why.message, dimension=why.dimension)
+
+
+def budget_changed(
+    state: State,
+    rec: AgentRecord,
+    spec: AgentSpec,
+    new: BudgetSpec,
+    by: str | None,
+    why: str | None,
+    now: datetime,
+) -> list[NewEvent]:
+    """The agent's budget becomes ``new``. An agent held ``budget-exhausted`` whose budget
+    is raised so that it has room again is released: its decision is resolved (action
+    ``budget``) and it waits, idle, for a prompt. Otherwise its state stays as it is (a
+    budget below what is spent only holds the agent at its next prompt)."""
+    previous = _budget.in_force(rec, spec)
+    events = [
+        ev.budget_changed(
+            rec["id"], new.model_dump(by_alias=True), previous.model_dump(by_alias=True), by, why
+        )
+    ]
+    held = rec["state"] == "blocked" and rec["reason"] == BUDGET_EXHAUSTED
+    if held and _budget.raises(new, previous):
+        after = preview(state, events, now.isoformat()).get_agent(rec["id"])
+        assert after is not None
+        if exhausted(after, spec, now) is None:
+            events += [ev.agent_resolved(rec, "budget", by, why), ev.released(rec["id"])]
+    return events
 
 
 def drop_pending(state: State, agent_id: str) -> list[NewEvent]:
@@ -72,15 +117,21 @@ def turn_failed(
     now: datetime,
     *,
     before: list[NewEvent],
+    dimension: str | None = None,
 ) -> tuple[list[NewEvent], int | None]:
     """The failed turn and what the policy makes of it, after the events ``before``: the
-    events to commit, and the number of the retry to start (None when there is none)."""
+    events to commit, and the number of the retry to start (None when there is none).
+
+    A turn that stopped because budget ``dimension`` had no room holds the agent
+    ``budget-exhausted``, whatever the policy: only a bigger budget can help it."""
     agent_id = rec["id"]
     failures = rec["consecutiveFailures"] + 1
     events = [*before, ev.turn_failed(agent_id, turn, error, failures, usage)]
     # The policy and the budget judge the agent as the failed turn leaves it.
     after = preview(state, events, now.isoformat()).get_agent(agent_id)
     assert after is not None
+    if dimension is not None:
+        return events + hold(state, after, BUDGET_EXHAUSTED, error, dimension=dimension), None
     decision = after_failure(after, spec, failures)
     if decision.action == "retry":
         why = exhausted(after, spec, now)

@@ -95,7 +95,8 @@ class AgentBudgetExhaustedError(DaemonError):
 
     def __init__(self, agent_id: str, cause: BudgetExhaustedError) -> None:
         super().__init__(
-            f"agent {agent_id!r}: {cause.message}; the turn did not start",
+            f"agent {agent_id!r}: {cause.message}; the turn did not start (raise the budget: "
+            f"PATCH /agents/{agent_id}, or corral budget {agent_id})",
             agent_id=agent_id,
             dimension=cause.dimension,
             limit=cause.limit,

@@ -20,6 +20,8 @@ TURN_FAILED = "agent.turn_failed"
 TURN_INTERRUPTED = "agent.turn_interrupted"
 STATE_CHANGED = "agent.state_changed"
 SUPERVISION_NEEDED = "agent.supervision_needed"
+BUDGET_CHANGED = "agent.budget_changed"
+WORKDIR_RECREATED = "agent.workdir_recreated"
 # Inboxes, decisions, commands
 NOTICE = "inbox.notice"
 NOTICES_DROPPED = "inbox.dropped"
@@ -37,6 +39,8 @@ EVENT_TYPES = frozenset(
         TURN_INTERRUPTED,
         STATE_CHANGED,
         SUPERVISION_NEEDED,
+        BUDGET_CHANGED,
+        WORKDIR_RECREATED,
         NOTICE,
         NOTICES_DROPPED,
         DECISION_RESOLVED,
@@ -100,6 +104,17 @@ class StateChangedData(TypedDict, total=False):
     to: str
     reason: str | None
     error: str | None
+    dimension: str
+
+
+class BudgetChangedData(TypedDict):
+    """``agent.budget_changed``: the budget in force from now on and the one before, as the
+    spec's ``budget`` (camelCase; None is unlimited), and who changed it and why."""
+
+    budget: dict[str, Any]
+    previous: dict[str, Any]
+    by: str | None
+    why: str | None
 
 
 class CommandData(TypedDict):
@@ -181,6 +196,34 @@ def held(
     ]
 
 
+def budget_changed(
+    agent_id: str,
+    budget: Mapping[str, Any],
+    previous: Mapping[str, Any],
+    by: str | None,
+    why: str | None,
+) -> NewEvent:
+    """A person (or an agent, lowering it) changed the agent's budget."""
+    data: BudgetChangedData = {
+        "budget": dict(budget),
+        "previous": dict(previous),
+        "by": by,
+        "why": why,
+    }
+    return NewEvent(BUDGET_CHANGED, agent_id, dict(data))
+
+
+def released(agent_id: str) -> NewEvent:
+    """A blocked agent whose budget was raised waits, idle, for its next prompt."""
+    data = {"from": "blocked", "to": "idle", "reason": "budget-raised"}
+    return NewEvent(STATE_CHANGED, agent_id, data)
+
+
+def workdir_recreated(agent_id: str, turn: int, workdir: str) -> NewEvent:
+    """The agent's working directory was gone when its turn started: it was made again, empty."""
+    return NewEvent(WORKDIR_RECREATED, agent_id, {"turn": turn, "workdir": workdir})
+
+
 def notice(to: str, sender: AgentRecord, kind: str, state: str, **fields: Any) -> NewEvent:
     """A notice to agent ``to`` about ``sender``; ``fields`` (``reason``, ``error``,
     ``output``, ``target``) are kept as given."""
@@ -200,7 +243,8 @@ def notices_dropped(agent_id: str, ids: Sequence[int]) -> NewEvent:
 
 
 def agent_resolved(record: AgentRecord, action: str, by: str | None, why: str | None) -> NewEvent:
-    """A person resolved the blocked agent's decision (``prompt`` or ``stop``)."""
+    """A person resolved the blocked agent's decision (``prompt``, ``stop``, or ``budget``
+    for a budget raised)."""
     data = {
         "kind": "agent_blocked",
         "agentId": record["id"],

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from corral.daemon._policy import BUDGET_EXHAUSTED
+from corral.daemon._records import AgentRecord
 from corral.daemon._state import State
 
 
@@ -23,6 +25,17 @@ def in_scope(state: State, principal: str, agent_id: str) -> bool:
     return False
 
 
+def _resolutions(rec: AgentRecord) -> dict[str, str]:
+    """How a blocked agent's decision is resolved: an agent held on its budget needs a
+    bigger one (a prompt is refused until then)."""
+    agent = rec["id"]
+    if rec["reason"] == BUDGET_EXHAUSTED:
+        first = {"budget": f"PATCH /agents/{agent}"}
+    else:
+        first = {"prompt": f"POST /agents/{agent}/prompt"}
+    return {**first, "stop": f"POST /agents/{agent}/stop"}
+
+
 def blocked(state: State) -> list[dict[str, Any]]:
     """The decisions blocked agents wait for, oldest first, as the HTTP API shows them."""
     waiting = [
@@ -33,10 +46,7 @@ def blocked(state: State) -> list[dict[str, Any]]:
             "reason": rec["reason"],
             "error": rec["error"],
             "since": rec["updatedAt"],
-            "resolve": {
-                "prompt": f"POST /agents/{rec['id']}/prompt",
-                "stop": f"POST /agents/{rec['id']}/stop",
-            },
+            "resolve": _resolutions(rec),
         }
         for rec in state.agents.values()
         if rec["state"] == "blocked"

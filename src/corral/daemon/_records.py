@@ -31,6 +31,7 @@ class AgentRecord(TypedDict):
     state: str
     reason: str | None
     error: str | None
+    dimension: NotRequired[str]  # the budget dimension it is held on (budget-exhausted)
     parent: str | None
     runId: str
     rootId: str
@@ -44,6 +45,7 @@ class AgentRecord(TypedDict):
     lastOutput: str | None
     lastError: str | None
     usage: Usage
+    budget: NotRequired[dict[str, Any]]  # the budget in force, once changed since spawn
     workdir: str
     createdAt: str
     updatedAt: str

@@ -5,6 +5,9 @@ commits it (the reducer in ``_state`` computes the new state), and only then doe
 on it or hear of it. See "Seed 001" in docs/architecture.md.
 """
 
+# Past 500 lines on purpose: every command and a turn's outcome are decided under one lock,
+# and each is a short method here over the pure modules that decide; the lock is not split.
+
 from __future__ import annotations
 
 import asyncio
@@ -26,11 +29,13 @@ from corral.daemon._errors import (
     AgentNotFoundError,
     AgentNotLiveError,
     NothingToSendError,
+    OutOfScopeError,
     ServiceClosedError,
     StoreUnavailableError,
 )
 from corral.daemon._events import Event, NewEvent
 from corral.daemon._feed import EventFeed
+from corral.daemon._policy import BUDGET_EXHAUSTED as BUDGET_HELD
 from corral.daemon._records import AgentRecord, TurnUsage
 from corral.daemon._spec import AgentSpec, parse_spec
 from corral.daemon._state import ENDED_STATES, preview
@@ -275,6 +280,10 @@ class AgentService:
             if not prompt:
                 raise NothingToSendError(agent_id)
             exhausted = _decisions.exhausted(rec, self._spec(agent_id), self.clock.now())
+            if exhausted is None and rec["state"] == "blocked" and rec["reason"] == BUDGET_HELD:
+                # Held on its budget (the harness found no room for its next model call,
+                # which this count may not show): only a bigger budget lets it go on.
+                exhausted = _decisions.held_on_budget(rec, self._spec(agent_id), self.clock.now())
             if exhausted is not None:
                 # The turn would pass the budget: it does not start. An idle agent is held.
                 if rec["state"] == "idle":
@@ -327,6 +336,48 @@ class AgentService:
             await self._commit(events, idempotency_key, command, result)
         shutil.rmtree(self._workdir(agent_id), ignore_errors=True)
         return result
+
+    async def change_budget(
+        self,
+        agent_id: str,
+        changes: Mapping[str, Any],
+        *,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+        lower_only: str | None = None,
+    ) -> CommandResult:
+        """Change a live agent's budget; 200 with its record.
+
+        ``lower_only`` names the agent whose own token asks: it may lower budgets in its
+        reach, never raise one (``OutOfScopeError``): more room is a person's decision.
+
+        ``changes`` holds the dimensions to change, camelCase (``maxTokens``, ``maxCostUsd``,
+        ``maxTurns``, ``deadlineS``; None makes one unlimited); the others stay. The change is
+        recorded (``agent.budget_changed``, with ``by`` and ``why``). An agent held
+        ``budget-exhausted`` that the change gives room again goes idle, its decision
+        resolved; a budget below what is spent is allowed (the agent is held at its next
+        prompt). A turn in flight keeps the budget it started with.
+        """
+        command = {"command": "budget", "agent": agent_id, "budget": dict(changes)}
+        async with self._mutex:
+            replayed = _commands.replayed(self.store.state, idempotency_key, command)
+            if replayed is not None:
+                return replayed
+            self._refuse_if_closed("budget")
+            rec = self._live(agent_id)
+            spec = self._spec(agent_id)
+            current = _budget.in_force(rec, spec)
+            new = _budget.changed(current, changes)
+            if lower_only is not None and _budget.raises(new, current):
+                raise OutOfScopeError(lower_only, "raising a budget (a person decides)")
+            now = self.clock.now()
+            events = _decisions.budget_changed(self.store.state, rec, spec, new, by, why, now)
+            after = preview(self.store.state, events, now.isoformat()).get_agent(agent_id)
+            assert after is not None
+            result = CommandResult(200, dict(after))
+            await self._commit(events, idempotency_key, command, result)
+            return result
 
     async def record_gateway_freeze(self, target: str, freeze: Json) -> None:
         """Log that the gateway froze an agent in database ``target`` (``freeze`` as JSON:
@@ -389,6 +440,8 @@ class AgentService:
             logger.error("agent %s: turn task failed", agent_id, exc_info=task.exception())
 
     async def _run_turn(self, agent_id: str, turn: int, prompt: str) -> None:
+        if not self._workdir(agent_id).is_dir():
+            await self._recreate_workdir(agent_id, turn)
         rec = self.store.state.agents[agent_id]
         spec = self._spec(agent_id)
         env = _turns.agent_env(rec, self.url, self._token)
@@ -411,7 +464,9 @@ class AgentService:
                         await self._after_turn_success(rec, turn, outcome.result)
                         return
                     assert outcome.error is not None
-                    await self._after_turn_failure(rec, turn, outcome.error, outcome.usage, [])
+                    await self._after_turn_failure(
+                        rec, turn, outcome.error, outcome.usage, [], dimension=outcome.dimension
+                    )
                     return
             except StoreUnavailableError as exc:
                 if not exc.retryable or waited_s >= self._result_retry_s:
@@ -429,6 +484,26 @@ class AgentService:
             with contextlib.suppress(StoreUnavailableError):
                 await self.store.refresh()
 
+    async def _recreate_workdir(self, agent_id: str, turn: int) -> None:
+        """The agent's working directory is gone (deleted by hand, a cleanup job): make it
+        again, empty, and say so in the log and the events before the turn runs in it."""
+        workdir = self._workdir(agent_id)
+        try:
+            workdir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            # The harness fails the turn, saying the directory is missing.
+            logger.error("agent %s: could not recreate its working directory: %s", agent_id, exc)
+            return
+        logger.warning(
+            "agent %s: its working directory %s was missing; recreated it, empty", agent_id, workdir
+        )
+        try:
+            async with self._mutex:
+                if self._turns.get(agent_id) is asyncio.current_task() and not self._closed:
+                    await self._commit([ev.workdir_recreated(agent_id, turn, str(workdir))])
+        except StoreUnavailableError as exc:
+            logger.warning("agent %s: workdir_recreated not written: %s", agent_id, exc.message)
+
     async def _after_turn_success(self, rec: AgentRecord, turn: int, result: TurnResult) -> None:
         usage: TurnUsage = {"tokens": result.tokens, "costUsd": result.cost_usd}
         spec = self._spec(rec["id"])
@@ -442,12 +517,23 @@ class AgentService:
         error: str,
         usage: Mapping[str, Any] | None,
         before: list[NewEvent],
+        *,
+        dimension: str | None = None,
     ) -> None:
-        """Write the failed turn (after ``before``) and what the policy makes of it; start a
-        retry if it says so. Call with the mutex held."""
+        """Write the failed turn (after ``before``) and what the policy makes of it (a turn
+        that stopped on budget ``dimension`` holds the agent); start a retry if it says so.
+        Call with the mutex held."""
         spec = self._spec(rec["id"])
         events, retry = _decisions.turn_failed(
-            self.store.state, rec, spec, turn, error, usage, self.clock.now(), before=before
+            self.store.state,
+            rec,
+            spec,
+            turn,
+            error,
+            usage,
+            self.clock.now(),
+            before=before,
+            dimension=dimension,
         )
         await self._commit(events)
         if retry is not None:

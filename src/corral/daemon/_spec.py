@@ -16,6 +16,8 @@ from corral.kernel import ExecutionBudget, SpawnBudget
 NOTIFY_KINDS = ("done", "failed", "blocked")
 SPEC_IDENTIFIERS = frozenset({"name", "parent"})
 _FUNCTION_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_RESERVED_OPTIONS = frozenset({"model", "messages", "tools", "stream"})
+_CAP_OPTIONS = frozenset({"max_tokens", "max_completion_tokens"})
 
 
 class _Model(BaseModel):
@@ -61,13 +63,19 @@ class PriceSpec(_Model):
 
 
 class OpenAISpec(_Model):
-    """The ``openai`` harness: the agent loop against an OpenAI-compatible server."""
+    """The ``openai`` harness: the agent loop against an OpenAI-compatible server.
+
+    ``model_options`` are body fields sent with every model call (``temperature``,
+    ``max_tokens``, ...); ``max_tokens`` / ``max_completion_tokens`` bound a call's output,
+    which is what a budget's worst case is estimated from.
+    """
 
     base_url: str = Field(min_length=1)
     model: str = Field(min_length=1)
     api_key_env: str | None = Field(default=None, min_length=1)
     instructions: str | None = None
     price: PriceSpec | None = None
+    model_options: dict[str, Any] = Field(default_factory=dict)
 
 
 class AgentSpec(_Model):
@@ -119,6 +127,14 @@ class AgentSpec(_Model):
                 bad(f"env.{key}", "variable names must be non-empty, without '=' or NUL")
             if "\0" in value:
                 bad(f"env.{key}", "values must not contain NUL characters")
+        if self.openai is not None:
+            for key, value in self.openai.model_options.items():
+                if not key or key in _RESERVED_OPTIONS:
+                    bad(f"openai.modelOptions.{key}", "is set by the harness, not the spec")
+                elif key in _CAP_OPTIONS and (
+                    isinstance(value, bool) or not isinstance(value, int) or value < 1
+                ):
+                    bad(f"openai.modelOptions.{key}", "must be an integer >= 1")
         if self.function is not None and not _FUNCTION_RE.match(self.function):
             bad("function", f"must look like 'package.module:function', got {self.function!r}")
         if self.max_retries is not None and self.on_failure != "retry":

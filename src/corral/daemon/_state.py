@@ -14,6 +14,7 @@ from typing import Any, cast
 
 from corral.daemon import _events as ev
 from corral.daemon._events import (
+    BudgetChangedData,
     CommandData,
     Event,
     NewEvent,
@@ -214,9 +215,21 @@ def _state_changed(tx: Tx, event: Event) -> None:
     rec["state"] = data["to"]
     rec["reason"] = data.get("reason")
     rec["error"] = data.get("error")
+    # The budget dimension an agent is held on, while it is.
+    if data.get("dimension") is not None:
+        rec["dimension"] = data["dimension"]
+    else:
+        rec.pop("dimension", None)
     rec["updatedAt"] = event.ts
     if data["to"] in ENDED_STATES:
         rec["endedAt"] = event.ts
+
+
+def _budget_changed(tx: Tx, event: Event) -> None:
+    rec = tx.agent(_agent_id(event))
+    data = cast(BudgetChangedData, event.data)
+    rec["budget"] = dict(data["budget"])
+    rec["updatedAt"] = event.ts
 
 
 def _no_projection(tx: Tx, event: Event) -> None:
@@ -263,6 +276,8 @@ _HANDLERS: dict[str, Callable[[Tx, Event], None]] = {
     ev.TURN_INTERRUPTED: _turn_interrupted,
     ev.STATE_CHANGED: _state_changed,
     ev.SUPERVISION_NEEDED: _no_projection,
+    ev.BUDGET_CHANGED: _budget_changed,
+    ev.WORKDIR_RECREATED: _no_projection,
     ev.NOTICE: _notice,
     ev.NOTICES_DROPPED: _dropped,
     ev.DECISION_RESOLVED: _resolved,

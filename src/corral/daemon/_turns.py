@@ -46,7 +46,7 @@ def request(
 ) -> TurnRequest:
     """Turn ``turn`` of the agent, with what is left of its budget at ``now``."""
     age = _budget.age_s(rec["createdAt"], now)
-    remaining = _budget.remaining(spec.budget.to_budget(), rec["usage"], age)
+    remaining = _budget.remaining(_budget.in_force(rec, spec).to_budget(), rec["usage"], age)
     timeout_s = spec.turn_timeout_s
     if remaining.deadline_s is not None:
         # A turn may not outlive the agent's deadline: it is cut short (a failed turn).
@@ -76,11 +76,13 @@ def state_dir(home: Path, agent_id: str) -> Path:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """What a turn came to: a ``result``, or an ``error`` with what it spent (``usage``)."""
+    """What a turn came to: a ``result``, or an ``error`` with what it spent (``usage``) and,
+    when it stopped on its budget, the budget ``dimension``."""
 
     result: TurnResult | None = None
     error: str | None = None
     usage: dict[str, Any] | None = None
+    dimension: str | None = None
 
 
 async def run(harness: Harness, turn: TurnRequest) -> Outcome:
@@ -93,8 +95,18 @@ async def run(harness: Harness, turn: TurnRequest) -> Outcome:
         result = await harness.run_turn(turn)
     except TurnFailedError as exc:
         usage = None if exc.usage is None else escape_json(dict(exc.usage))
-        return Outcome(error=escape(exc.message), usage=usage)
+        return Outcome(error=escape(exc.message), usage=usage, dimension=_dimension(turn, exc))
     except Exception as exc:
         logger.exception("agent %s: harness %s raised", turn.agent_id, turn.spec.harness)
         return Outcome(error=escape(f"harness error: {type(exc).__name__}: {exc}"))
     return Outcome(result=replace(result, output=escape(result.output)))
+
+
+def _dimension(turn: TurnRequest, exc: TurnFailedError) -> str | None:
+    """The budget dimension a failed turn stopped on: the harness's word, or the deadline
+    when the turn timed out and its timeout was the agent's deadline (see :func:`request`)."""
+    deadline = turn.remaining.deadline_s
+    timed_out = "timeout_s" in exc.details
+    if exc.dimension is None and timed_out and deadline is not None:
+        return "deadline_s" if deadline <= turn.spec.turn_timeout_s else None
+    return exc.dimension

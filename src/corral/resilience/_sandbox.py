@@ -66,7 +66,7 @@ async def run_sandboxed(
     started = clock.monotonic()
     if config.isolation == "process":
         completed, result, error = await run_in_process(
-            agent, marked, config.timeout_s, config.max_memory_bytes, clock
+            agent, marked, config.timeout_s, config.max_memory_bytes, clock, preload=config.preload
         )
     else:
         completed, result, error = await _run_in_task(call, marked, config.timeout_s, clock)

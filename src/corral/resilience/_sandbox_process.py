@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import multiprocessing
 import os
 import pickle
 import signal
+import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from inspect import isawaitable
 from multiprocessing.connection import Connection, wait
 from multiprocessing.context import BaseContext
@@ -78,12 +80,32 @@ def _error_message(exc: BaseException) -> tuple[str, Any, str, str, str]:
     return ("error", carried, type(exc).__qualname__, str(exc), text)
 
 
+def _end_with_parent(conn: Connection) -> None:
+    """End this child (its whole process group) once the parent's end of ``conn`` closes.
+
+    The parent never writes to the pipe, so it becomes readable only at end of file: when
+    the parent has closed it, after the child's exit, or by dying. A parent that crashes
+    (``kill -9``) so leaves no child running on (the fork server it came from stays up while
+    its children do, so the child cannot count on the server's end)."""
+
+    def watch() -> None:
+        with contextlib.suppress(Exception):
+            conn.poll(None)
+        if os.getpgrp() == os.getpid():  # never the group it came from: only its own
+            with contextlib.suppress(Exception):
+                os.killpg(0, signal.SIGKILL)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="corral-sandbox-parent", daemon=True).start()
+
+
 def child_main(writer: Connection, agent: Any, task: SandboxTask, max_memory_bytes: int) -> None:
     """Entry point of the child process; sends exactly one message unless it dies first."""
     if hasattr(os, "setpgid"):
         # Its own process group, so the parent can kill whatever the agent started as well.
         with contextlib.suppress(OSError):
             os.setpgid(0, 0)
+    _end_with_parent(writer)
     try:
         if max_memory_bytes:
             _limit_memory(max_memory_bytes)
@@ -127,6 +149,85 @@ def _unpicklable_result(exc: Exception) -> tuple[str, Any, str, str, str]:
 def _context() -> BaseContext:
     methods = multiprocessing.get_all_start_methods()
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
+# --- fork servers with modules preloaded ----------------------------------------------------
+#
+# A child forked from a server that has already imported the agent's heavy modules starts in
+# milliseconds instead of importing them again on every run. multiprocessing has one global
+# fork server, whose preload list only counts before it starts (and it may have been started
+# by anyone): each preload list gets a server of its own here. Its parent side is
+# multiprocessing's ForkServer and forkserver Popen, pointed at that server; the child side
+# is unchanged (a forked child reads its descriptors from the module-level server, which the
+# server process sets for each child it forks).
+
+_servers: dict[tuple[str, ...], Any] = {}
+_servers_lock = threading.Lock()
+
+
+def _server(preload: tuple[str, ...]) -> Any:
+    """The fork server (parent side) of the preload list, made on first use."""
+    from multiprocessing import forkserver
+
+    with _servers_lock:
+        server = _servers.get(preload)
+        if server is None:
+            server = forkserver.ForkServer()
+            server.set_forkserver_preload(list(preload))
+            _servers[preload] = server
+        return server
+
+
+def _preloaded_process(preload: tuple[str, ...]) -> type[BaseProcess] | None:
+    """A Process class whose children fork from a server that imported ``preload``; None
+    where there is no fork server (then children are spawned and import what they need)."""
+    if _PreloadedProcess is None:
+        return None
+    _server(preload)
+    return _PreloadedProcess
+
+
+_PreloadedProcess: type[BaseProcess] | None = None
+if "forkserver" in multiprocessing.get_all_start_methods():
+    from multiprocessing import context as _mp_context
+    from multiprocessing import forkserver as _mp_forkserver
+    from multiprocessing import popen_forkserver as _mp_popen
+    from multiprocessing import reduction as _mp_reduction
+    from multiprocessing import spawn as _mp_spawn
+    from multiprocessing import util as _mp_util
+
+    class _Popen(_mp_popen.Popen):
+        def _launch(self, process_obj: Any) -> None:
+            # popen_forkserver.Popen._launch, asking the process's server rather than the
+            # global one.
+            server = _server(process_obj.preload)
+            fds: list[int] = self._fds  # type: ignore[attr-defined]
+            prep_data = _mp_spawn.get_preparation_data(process_obj._name)
+            buf = io.BytesIO()
+            _mp_context.set_spawning_popen(self)
+            try:
+                _mp_reduction.dump(prep_data, buf)
+                _mp_reduction.dump(process_obj, buf)
+            finally:
+                _mp_context.set_spawning_popen(None)
+            self.sentinel, w = server.connect_to_new_process(fds)
+            parent_w = os.dup(w)
+            close = _mp_util.close_fds  # type: ignore[attr-defined]
+            self.finalizer = _mp_util.Finalize(self, close, (parent_w, self.sentinel))
+            with open(w, "wb", closefd=True) as f:
+                f.write(buf.getbuffer())
+            self.pid = _mp_forkserver.read_signed(self.sentinel)
+
+    class _ForkedProcess(_mp_context.ForkServerProcess):
+        """A child forked from the server of its ``preload`` list."""
+
+        preload: tuple[str, ...] = ()
+
+        @staticmethod
+        def _Popen(process_obj: Any) -> Any:
+            return _Popen(process_obj)
+
+    _PreloadedProcess = _ForkedProcess
 
 
 def _kill(process: BaseProcess) -> None:
@@ -198,9 +299,19 @@ async def _start(process: BaseProcess) -> None:
 
 
 async def run_in_process(
-    agent: Any, task: SandboxTask, timeout_s: float, max_memory_bytes: int, clock: Clock
+    agent: Any,
+    task: SandboxTask,
+    timeout_s: float,
+    max_memory_bytes: int,
+    clock: Clock,
+    *,
+    preload: Sequence[str] = (),
 ) -> tuple[bool, Any, SandboxError | None]:
-    """Run the agent in a child process; ``(completed, result, error)``."""
+    """Run the agent in a child process; ``(completed, result, error)``.
+
+    With ``preload`` (module names), the child is forked from a server process that has
+    imported them once, so it does not import them again (a module that fails to import
+    there is left to the child)."""
     if max_memory_bytes and not _HAVE_RLIMIT:
         return False, None, SandboxStartError("memory limits need a POSIX system")
     try:
@@ -215,13 +326,17 @@ async def run_in_process(
             ),
         )
     context = _context()
-    reader, writer = context.Pipe(duplex=False)
-    process = context.Process(  # type: ignore[attr-defined]
+    # Duplex: the child watches its end for the parent's going away (see _end_with_parent).
+    reader, writer = context.Pipe(duplex=True)
+    preloaded = _preloaded_process(tuple(preload)) if preload else None
+    process = (preloaded or context.Process)(  # type: ignore[attr-defined]
         target=child_main,
         args=(writer, agent, task, max_memory_bytes),
         name="corral-sandbox",
         daemon=True,
     )
+    if preloaded is not None:
+        process.preload = tuple(preload)  # type: ignore[union-attr]
     try:
         try:
             await _start(process)

@@ -5,7 +5,7 @@ pipeline and its built-ins, compaction and history, and the model seam.
 """
 
 from corral.kernel import UnknownAgentError  # re-exported: the one class for every layer
-from corral.runtime._budget import BudgetUsage, ExecutionTracker
+from corral.runtime._budget import BudgetUsage, CallOverBudgetError, ExecutionTracker
 from corral.runtime._cancellation import Cancellation
 from corral.runtime._compaction import (
     LLMSummarization,
@@ -56,6 +56,8 @@ from corral.runtime.middleware import (
     WaitExponential,
     WaitFixed,
     WaitStrategy,
+    WorstCaseBudget,
+    input_bound,
     is_transient,
 )
 
@@ -68,6 +70,7 @@ __all__ = [
     "TrackedAgent",
     "UnknownAgentError",
     "BudgetUsage",
+    "CallOverBudgetError",
     "Cancellation",
     "ChatResult",
     "ExecutionTracker",
@@ -94,6 +97,8 @@ __all__ = [
     "Audit",
     "AuditEvent",
     "BudgetAccounting",
+    "WorstCaseBudget",
+    "input_bound",
     "CallNext",
     "CancellationCheck",
     "ChatCache",

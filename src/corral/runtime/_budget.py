@@ -21,6 +21,34 @@ class BudgetUsage:
     elapsed_s: float
 
 
+class CallOverBudgetError(BudgetExhaustedError):
+    """The next call's worst case could pass what is left of a limit: it is not made.
+
+    ``bound`` is the most the call could spend in ``dimension`` (None: its cost is unknown).
+    Same code as :class:`BudgetExhaustedError` (``budget_exhausted``): the budget has no room
+    for that call.
+    """
+
+    def __init__(self, dimension: str, limit: float, used: float, bound: float | None) -> None:
+        super().__init__(dimension, limit, used)
+        left = max(0.0, limit - used)
+        if bound is None:
+            why = "its cost is unknown (no price for the model)"
+        else:
+            why = f"it could spend up to {_num(bound)} and {_num(left)} is left"
+        self.message = (
+            f"{dimension} budget: the next model call was not made: {why} "
+            f"(used {_num(used)} of a limit of {_num(limit)})"
+        )
+        self.args = (self.message,)
+        self.details["bound"] = bound
+        self.bound = bound
+
+
+def _num(value: float) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
 class ExecutionTracker:
     """Counts tokens, dollars, turns and elapsed time against an :class:`ExecutionBudget`.
 
@@ -83,6 +111,22 @@ class ExecutionTracker:
             elapsed = self._clock.monotonic() - self._started
             if elapsed >= budget.deadline_s:
                 raise BudgetExhaustedError("deadline_s", budget.deadline_s, round(elapsed, 6))
+
+    def check_call(self, *, tokens: int, cost_usd: float | None) -> None:
+        """Raise :class:`CallOverBudgetError` when a call that may spend up to ``tokens`` and
+        ``cost_usd`` (its worst case) could pass what is left of a limit; also what
+        :meth:`check` raises. ``cost_usd`` None is an unknown cost: with a dollar limit, the
+        call is refused too."""
+        self.check()
+        budget = self.budget
+        with self._lock:
+            used_tokens, used_cost = self._tokens, self._cost
+        if budget.max_tokens is not None and used_tokens + tokens > budget.max_tokens:
+            raise CallOverBudgetError("tokens", budget.max_tokens, used_tokens, tokens)
+        if budget.max_cost_usd is not None and (
+            cost_usd is None or used_cost + cost_usd > budget.max_cost_usd
+        ):
+            raise CallOverBudgetError("cost_usd", budget.max_cost_usd, used_cost, cost_usd)
 
     def usage(self) -> BudgetUsage:
         with self._lock:

@@ -1,32 +1,65 @@
-"""Functions for the python harness tests, named as ``tests.daemon.workers.py_funcs:NAME``."""
+"""Functions for the python harness tests, named as ``tests.daemon.workers.py_funcs:NAME``.
+
+They run in worker processes: what a test must see of them comes back in their output, or
+in files under the turn's working directory.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import json
+import os
 import sys
-import threading
+import time
 from collections.abc import Awaitable
+from pathlib import Path
 from typing import Any
 
 from corral.daemon import TurnContext, TurnFailedError
 
 NOT_CALLABLE = 5
 
-# Set by the tests; read by the functions below.
-release = threading.Event()
-seen: dict[str, Any] = {}
-
 
 def report(prompt: str, context: TurnContext) -> str:
-    seen["thread"] = threading.current_thread()
-    seen["context"] = context
-    return f"{context.agent_id}#{context.turn}: {prompt}"
+    return json.dumps(
+        {
+            "pid": os.getpid(),
+            "agentId": context.agent_id,
+            "turn": context.turn,
+            "workdir": str(context.workdir),
+            "env": dict(context.env),
+            "isContext": isinstance(context, TurnContext),
+            "prompt": prompt,
+        }
+    )
 
 
 async def areport(prompt: str, context: TurnContext) -> str:
-    seen["thread"] = threading.current_thread()
     await asyncio.sleep(0)
-    return f"async {context.agent_id}#{context.turn}: {prompt}"
+    return f"async {context.agent_id}#{context.turn}: {prompt} in {os.getpid()}"
+
+
+def hard_exit(prompt: str, context: TurnContext) -> str:
+    os._exit(3)
+
+
+def segfault(prompt: str, context: TurnContext) -> str:
+    ctypes.string_at(0)  # reads address 0: SIGSEGV
+    return "unreachable"
+
+
+def hog(prompt: str, context: TurnContext) -> str:
+    chunks = []
+    while True:
+        chunks.append(bytearray(64 * 1024 * 1024))
+
+
+def sleeps(prompt: str, context: TurnContext) -> str:
+    """Writes its pid to ``<workdir>/pid``, then sleeps far past any test's timeout."""
+    Path(context.workdir, "pid").write_text(str(os.getpid()))
+    time.sleep(60)
+    return "late"
 
 
 def with_usage(prompt: str, context: TurnContext) -> dict[str, Any]:
@@ -73,24 +106,6 @@ def interrupts(prompt: str, context: TurnContext) -> str:
     raise KeyboardInterrupt
 
 
-def blocks(prompt: str, context: TurnContext) -> str:
-    """Waits (at most 10 s) until the test sets ``release``."""
-    seen["blocks_started"] = True
-    release.wait(10)
-    seen["blocks_finished"] = True
-    return "late"
-
-
-async def ablocks(prompt: str, context: TurnContext) -> str:
-    seen["ablocks_started"] = True
-    try:
-        await asyncio.sleep(60)
-    except asyncio.CancelledError:
-        seen["ablocks_cancelled"] = True
-        raise
-    return "never"
-
-
 async def _later(prompt: str) -> str:
     await asyncio.sleep(0)
     return f"awaited {prompt}"
@@ -102,7 +117,6 @@ def returns_awaitable(prompt: str, context: TurnContext) -> Awaitable[str]:
 
 class _AsyncCallable:
     async def __call__(self, prompt: str, context: TurnContext) -> str:
-        seen["thread"] = threading.current_thread()
         return f"callable {prompt}"
 
 

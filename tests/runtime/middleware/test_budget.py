@@ -13,17 +13,21 @@ from corral.kernel import (
 )
 from corral.runtime import (
     BudgetAccounting,
+    CallOverBudgetError,
     Cancellation,
     ChatResult,
     ExecutionTracker,
     FakeClock,
     MiddlewareContext,
     MiddlewarePipeline,
+    ModelPrice,
     ModelUnavailableError,
     Retry,
     StopAfterAttempt,
     Usage,
     WaitFixed,
+    WorstCaseBudget,
+    input_bound,
 )
 
 CHAT, TOOL, TURN = MiddlewareStage.CHAT, MiddlewareStage.TOOL, MiddlewareStage.TURN
@@ -214,3 +218,73 @@ def test_refuses_anything_but_a_tracker(bad: Any) -> None:
         InvalidArgumentError, match=r"BudgetAccounting: tracker must be an? ExecutionTracker"
     ):
         BudgetAccounting(bad)
+
+
+# --- WorstCaseBudget: no call whose worst case could pass what is left -------------------
+
+
+def worst_ctx(clock: FakeClock, text: str = "hello", **options: Any) -> MiddlewareContext:
+    return MiddlewareContext(
+        stage=CHAT,
+        agent_id="a",
+        meta=make_meta(clock),
+        messages=[ChatMessage.user(text)],
+        options=options,
+    )
+
+
+PRICE = ModelPrice(1.0, 2.0)
+
+
+def test_the_input_bound_counts_every_byte_and_each_message() -> None:
+    one = input_bound([ChatMessage.user("x")])
+    assert input_bound([ChatMessage.user("x" * 101)]) == one + 100
+    assert input_bound([ChatMessage.user("é")]) == one + 1  # two bytes of UTF-8
+    assert input_bound([ChatMessage.user("x"), ChatMessage.user("x")]) > 2 * one - 9
+
+
+async def test_a_call_whose_cap_could_pass_the_money_left_is_refused_before_it_starts() -> None:
+    clock = FakeClock()
+    tracker = ExecutionTracker(ExecutionBudget(max_cost_usd=0.001), clock=clock)
+    pipeline = MiddlewarePipeline([WorstCaseBudget(tracker, PRICE), BudgetAccounting(tracker)])
+    model = Model(reply())
+    with pytest.raises(CallOverBudgetError) as caught:
+        await pipeline.run(worst_ctx(clock, max_tokens=1000), model)
+    assert model.calls == 0
+    assert caught.value.code == "budget_exhausted"
+    assert isinstance(caught.value, BudgetExhaustedError)
+    assert caught.value.dimension == "cost_usd"
+    assert caught.value.bound is not None
+    assert caught.value.bound > 0.002
+
+
+async def test_without_a_cap_one_is_set_that_what_is_left_affords() -> None:
+    clock = FakeClock()
+    tracker = ExecutionTracker(ExecutionBudget(max_cost_usd=0.001), clock=clock)
+    ctx = worst_ctx(clock)
+    await MiddlewarePipeline([WorstCaseBudget(tracker, PRICE)]).run(ctx, Model(reply()))
+    cap = ctx.options["max_tokens"]
+    assert 0 < cap < 500  # $0.001 at $2/Mtok, less the input's worst case
+    inputs = input_bound(ctx.messages)
+    assert (inputs * 1.0 + cap * 2.0) / 1e6 <= 0.001
+
+
+async def test_tokens_are_bounded_like_dollars_and_no_price_refuses_a_dollar_limit() -> None:
+    clock = FakeClock()
+    tokens = ExecutionTracker(ExecutionBudget(max_tokens=10), clock=clock)
+    with pytest.raises(CallOverBudgetError, match="tokens budget: the next model call"):
+        await MiddlewarePipeline([WorstCaseBudget(tokens, None)]).run(
+            worst_ctx(clock), Model(reply())
+        )
+    dollars = ExecutionTracker(ExecutionBudget(max_cost_usd=5.0), clock=clock)
+    with pytest.raises(CallOverBudgetError, match="its cost is unknown"):
+        await MiddlewarePipeline([WorstCaseBudget(dollars, None)]).run(
+            worst_ctx(clock), Model(reply())
+        )
+
+
+async def test_an_unlimited_budget_adds_no_cap() -> None:
+    clock = FakeClock()
+    ctx = worst_ctx(clock)
+    await MiddlewarePipeline([WorstCaseBudget(ExecutionTracker(), PRICE)]).run(ctx, Model(reply()))
+    assert "max_tokens" not in ctx.options

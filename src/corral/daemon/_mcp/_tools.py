@@ -56,6 +56,17 @@ class StopArgs(Args):
     idempotency_key: str | None = _KEY
 
 
+class BudgetArgs(Args):
+    agent_id: str = _AGENT
+    budget: dict[str, float | int | None] = Field(
+        description="The dimensions to change: maxTokens, maxCostUsd, maxTurns, deadlineS "
+        "(null: unlimited); the others stay."
+    )
+    by: str = Field(min_length=1, description="Who decides (recorded).")
+    why: str = Field(min_length=1, description="Why (recorded).")
+    idempotency_key: str | None = _KEY
+
+
 class AgentArgs(Args):
     agent_id: str = _AGENT
 
@@ -161,6 +172,12 @@ async def _stop(api: AgentApi, a: StopArgs) -> dict[str, Any]:
     return await api.stop(a.agent_id, by=a.by, why=a.why, idempotency_key=a.idempotency_key)
 
 
+async def _budget(api: AgentApi, a: BudgetArgs) -> dict[str, Any]:
+    return await api.budget(
+        a.agent_id, a.budget, by=a.by, why=a.why, idempotency_key=a.idempotency_key
+    )
+
+
 async def _status(api: AgentApi, a: AgentArgs) -> dict[str, Any]:
     return await api.get(a.agent_id)
 
@@ -232,6 +249,18 @@ TOOLS: tuple[Tool, ...] = (
         idempotent=False,
     ),
     Tool(
+        "agent_budget",
+        "Change an agent's budget",
+        "Change an agent's budget (maxTokens, maxCostUsd, maxTurns, deadlineS; null is "
+        "unlimited), recorded with by and why. An agent held budget-exhausted that the new "
+        "budget gives room goes idle (prompt it to go on). An agent's own token may lower "
+        "budgets in its reach, never raise one. Returns the agent's record.",
+        BudgetArgs,
+        _budget,
+        read_only=False,
+        idempotent=False,
+    ),
+    Tool(
         "agent_status",
         "Agent status",
         "One agent's record: state (running, idle, blocked, failed, stopped), reason, last "
@@ -264,7 +293,8 @@ TOOLS: tuple[Tool, ...] = (
         "decisions_list",
         "List decisions",
         "Everything waiting on a person, oldest first: blocked agents with their reason and "
-        "error (resolve one with agent_prompt or agent_stop) and agents frozen in a database "
+        "error (resolve one with agent_prompt or agent_stop, or agent_budget for one held on "
+        "its budget) and agents frozen in a database "
         '(resolve with db_reinstate), as {"decisions": [...]}.',
         NoArgs,
         _decisions,

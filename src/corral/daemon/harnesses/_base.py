@@ -47,13 +47,26 @@ class TurnFailedError(CorralError):
     """A turn failed. ``message`` is what the agent's record and events show as the error.
 
     ``usage`` (``{"tokens", "costUsd"}``) is what the failed turn spent, when known.
+    ``dimension`` names the budget dimension (``tokens``, ``cost_usd``, ``deadline_s``) the
+    turn stopped on, when it stopped because its budget had no room left: the daemon then
+    holds the agent ``budget-exhausted``, whatever its failure policy.
     """
 
     code = "turn_failed"
 
-    def __init__(self, message: str, *, usage: Mapping[str, Any] | None = None, **details: Any):
+    def __init__(
+        self,
+        message: str,
+        *,
+        usage: Mapping[str, Any] | None = None,
+        dimension: str | None = None,
+        **details: Any,
+    ):
+        if dimension is not None:
+            details["dimension"] = dimension
         super().__init__(message, **details)
         self.usage = dict(usage) if usage else None
+        self.dimension = dimension
 
 
 @runtime_checkable

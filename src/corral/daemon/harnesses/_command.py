@@ -27,11 +27,12 @@ class CommandHarness:
     stdout, decoded as UTF-8 (undecodable bytes replaced), is the turn's output. The child
     starts in a session of its own, so the turn owns a whole process group.
 
-    Failed turns (:class:`TurnFailedError`): the command cannot be started; it exits non-zero
-    (the message names the exit code, or the signal, and gives the last ``stderr_tail_bytes``
-    of its stderr); it runs longer than ``request.timeout_s`` ("turn timed out after N s");
-    its pid file cannot be written (it is killed then: a turn that a crash could orphan for
-    good does not run).
+    Failed turns (:class:`TurnFailedError`): the command cannot be started (or its working
+    directory does not exist: the message says so rather than blame the command); it exits
+    non-zero (the message names the exit code, or the signal, and gives the last
+    ``stderr_tail_bytes`` of its stderr); it runs longer than ``request.timeout_s`` ("turn
+    timed out after N s"); its pid file cannot be written (it is killed then: a turn that a
+    crash could orphan for good does not run).
 
     Ending: a turn that times out or whose task is cancelled gets SIGKILL sent to its whole
     process group at once -- no SIGTERM grace, because a stop or a shutdown must not wait on
@@ -98,6 +99,12 @@ class CommandHarness:
                 start_new_session=True,
             )
         except OSError as exc:
+            if not request.workdir.is_dir():
+                raise TurnFailedError(
+                    f"the agent's working directory {str(request.workdir)!r} does not exist "
+                    "(it was deleted); the command was not started",
+                    workdir=str(request.workdir),
+                ) from None
             raise TurnFailedError(
                 f"could not start command {argv[0]!r}: {type(exc).__name__}: {exc}",
                 command=list(argv),

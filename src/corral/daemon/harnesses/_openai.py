@@ -10,7 +10,13 @@ from typing import Any
 
 from corral.agent import Agent
 from corral.daemon.harnesses._base import TurnFailedError, TurnRequest, TurnResult
-from corral.kernel import CorralError, InvalidArgumentError, MiddlewareStage
+from corral.kernel import (
+    BudgetExhaustedError,
+    CorralError,
+    CostUnknownError,
+    InvalidArgumentError,
+    MiddlewareStage,
+)
 from corral.kernel import _validate as v
 from corral.runtime import (
     CallNext,
@@ -19,6 +25,7 @@ from corral.runtime import (
     MiddlewareContext,
     ModelPrice,
     OpenAIClient,
+    WorstCaseBudget,
 )
 
 
@@ -31,7 +38,18 @@ class OpenAIHarness:
     ``spec.openai.instructions``, no tools, and ``request.remaining`` as its budget with
     ``max_turns`` lifted: the daemon counts its own turns, and one daemon turn may take
     several model round-trips. The model is not retried here: a failed call fails the turn
-    and the agent's failure policy decides what comes next.
+    and the agent's failure policy decides what comes next. ``spec.openai.model_options``
+    are sent with every call.
+
+    No call starts that could pass what is left of the budget
+    (:class:`corral.runtime.WorstCaseBudget`): before each call its worst case is bounded
+    (input tokens by the bytes of the request, output tokens by the options'
+    ``max_tokens``/``max_completion_tokens``, or, when the budget limits tokens or dollars
+    and the spec gives no cap, by a cap the harness sets: 4096 tokens, lowered to what is
+    left affords), and a call that could pass a limit, or whose cost cannot be bounded (a
+    dollar budget and no price), is not made. A turn that stops on its budget, before a call
+    or after one that passed a limit, fails with ``dimension`` set: the daemon holds the
+    agent ``budget-exhausted`` whatever its policy.
 
     The result carries the tokens and dollars of the whole run; ``cost_usd`` is None when a
     model reply could not be priced (no ``price`` in the spec, or a reply without usage).
@@ -78,6 +96,7 @@ class OpenAIHarness:
         budget = dataclasses.replace(request.remaining, max_turns=None)
         tracker = ExecutionTracker(budget)
         priced = _PriceWatch()
+        price = prices.get(options.model)
         limit = asyncio.timeout(request.timeout_s)
         try:
             async with (
@@ -96,7 +115,8 @@ class OpenAIHarness:
                     agent_id=request.agent_id,
                     instructions=options.instructions,
                     budget=budget,
-                    middleware=[priced],
+                    middleware=[priced, WorstCaseBudget(tracker, price)],
+                    model_options=options.model_options,
                 )
                 run = await agent.run(request.prompt, tracker=tracker)
         except TimeoutError as exc:
@@ -147,9 +167,15 @@ def _usage(tracker: ExecutionTracker, priced: _PriceWatch) -> dict[str, Any]:
 
 def _failed(exc: Exception, tracker: ExecutionTracker, priced: _PriceWatch) -> TurnFailedError:
     if isinstance(exc, CorralError):
+        dimension = None
+        if isinstance(exc, BudgetExhaustedError):
+            dimension = exc.dimension
+        elif isinstance(exc, CostUnknownError):
+            dimension = "cost_usd"
         return TurnFailedError(
             exc.message,
             usage=_usage(tracker, priced),
+            dimension=dimension,
             retryable=exc.retryable,
             cause=exc.code,
         )

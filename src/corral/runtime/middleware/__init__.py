@@ -5,7 +5,7 @@ retry, charge budgets, guard tools, redact PII, audit, rate-limit and stop cance
 """
 
 from corral.runtime.middleware._audit import Audit, AuditEvent
-from corral.runtime.middleware._budget import BudgetAccounting
+from corral.runtime.middleware._budget import BudgetAccounting, WorstCaseBudget, input_bound
 from corral.runtime.middleware._cache import ChatCache
 from corral.runtime.middleware._cancel import CancellationCheck
 from corral.runtime.middleware._guard import ToolGuard
@@ -33,6 +33,8 @@ __all__ = [
     "Audit",
     "AuditEvent",
     "BudgetAccounting",
+    "WorstCaseBudget",
+    "input_bound",
     "CallNext",
     "CancellationCheck",
     "ChatCache",
