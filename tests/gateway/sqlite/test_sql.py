@@ -328,7 +328,9 @@ async def test_the_wall_refuses_at_run_time_what_analysis_would_have(
         assert info.value.code == code, sql
     plan = WritePlan(f"DELETE FROM {JOURNAL_TABLE}", (), agent_sql=True)
     with pytest.raises(GatewayError) as info:
-        await on_thread(gw, "write", plan, agent_id=AGENT, key="k", fingerprint="f", now="t")
+        await on_thread(
+            gw, "write", plan, agent_id=AGENT, key="k", plan_hash="", fingerprint="f", now="t"
+        )
     assert info.value.code == "unknown_table"
     assert await on_thread(gw, "lookup", AGENT, "k") is None
     assert _state(shop.parent) == before

@@ -32,15 +32,16 @@ _JOURNAL_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS {JOURNAL_TABLE} (
     agent_id TEXT NOT NULL,
     key TEXT NOT NULL,
+    plan_hash TEXT NOT NULL,
     fingerprint TEXT NOT NULL,
     state TEXT NOT NULL CHECK (state IN ('in_flight', 'completed')),
     result TEXT,
     created_at TEXT NOT NULL,
     completed_at TEXT,
-    PRIMARY KEY (agent_id, key)
+    PRIMARY KEY (agent_id, key, plan_hash)
 )
 """
-_JOURNAL_COLUMNS = "agent_id, key, fingerprint, state, result, created_at, completed_at"
+_JOURNAL_COLUMNS = "agent_id, key, plan_hash, fingerprint, state, result, created_at, completed_at"
 _HIDDEN = frozenset({JOURNAL_TABLE})
 _PROGRESS_STEPS = 1000  # SQLite virtual-machine instructions between timeout checks
 _BUSY_TIMEOUT_MS = 5000
@@ -122,12 +123,15 @@ class SQLiteFile:
 
     def _create_journal(self, target: sqlite3.Connection) -> None:
         try:
-            target.execute(_JOURNAL_SCHEMA)
+            _ensure_journal(target)
             self._journal_ready = True
         except sqlite3.OperationalError as exc:
             if "readonly" not in str(exc):
                 raise
             # A target that cannot be written: reads work; a write fails as it runs.
+        except GatewayError:
+            self.close()
+            raise
 
     def _in_flight(self, target: sqlite3.Connection) -> int:
         if not self._journal_ready:
@@ -287,22 +291,25 @@ class SQLiteFile:
 
     # --- writes -----------------------------------------------------------------------------
 
-    def lookup(self, agent_id: str, key: str) -> Journalled | None:
-        """What the journal holds for the key, or None."""
+    def lookup(self, agent_id: str, key: str, plan_hash: str = "") -> Journalled | None:
+        """What the journal holds for the key (``plan_hash`` as stored:
+        :func:`~corral.gateway._journal.stored_plan`), or None."""
         with self._write_lock:
             if not self._journal_ready:
                 return None
             try:
-                return self._lookup(self._require_target(), agent_id, key)
+                return self._lookup(self._require_target(), agent_id, key, plan_hash)
             except sqlite3.Error as exc:
                 raise self._mapped(exc, reading=False, wall=None) from None
 
     @staticmethod
-    def _lookup(target: sqlite3.Connection, agent_id: str, key: str) -> Journalled | None:
+    def _lookup(
+        target: sqlite3.Connection, agent_id: str, key: str, plan_hash: str
+    ) -> Journalled | None:
         row = target.execute(
             f"SELECT fingerprint, state, result FROM {JOURNAL_TABLE} "
-            "WHERE agent_id = ? AND key = ?",
-            (agent_id, key),
+            "WHERE agent_id = ? AND key = ? AND plan_hash = ?",
+            (agent_id, key, plan_hash),
         ).fetchone()
         if row is None:
             return None
@@ -310,9 +317,17 @@ class SQLiteFile:
         return Journalled(str(row[0]), str(row[1]), stored)
 
     def write(
-        self, plan: WritePlan, *, agent_id: str, key: str, fingerprint: str, now: str
+        self,
+        plan: WritePlan,
+        *,
+        agent_id: str,
+        key: str,
+        plan_hash: str,
+        fingerprint: str,
+        now: str,
     ) -> StoredResult | Journalled:
-        """Run the write ``plan`` journalled under ``(agent_id, key)``, in one transaction.
+        """Run the write ``plan`` journalled under ``(agent_id, key, plan_hash)`` (the plan
+        hash as stored: :func:`~corral.gateway._journal.stored_plan`), in one transaction.
 
         Returns what the journal already holds for the key (nothing ran), or the new result
         (committed with its journal row). Raises ``GatewayError`` (``constraint_violation``,
@@ -325,15 +340,15 @@ class SQLiteFile:
             try:
                 with self._transaction(target):
                     if not self._journal_ready:
-                        target.execute(_JOURNAL_SCHEMA)
-                    found = self._lookup(target, agent_id, key)
+                        _ensure_journal(target)
+                    found = self._lookup(target, agent_id, key, plan_hash)
                     if found is not None:
                         return found
                     stored = self._apply(target, plan, wall)
                     target.execute(
                         f"INSERT INTO {JOURNAL_TABLE} ({_JOURNAL_COLUMNS}) "
-                        "VALUES (?, ?, ?, 'completed', ?, ?, ?)",
-                        (agent_id, key, fingerprint, encode_result(stored), now, now),
+                        "VALUES (?, ?, ?, ?, 'completed', ?, ?, ?)",
+                        (agent_id, key, plan_hash, fingerprint, encode_result(stored), now, now),
                     )
                 self._journal_ready = True
                 return stored
@@ -421,6 +436,23 @@ class SQLiteFile:
             database_message=text,
             sqlite_error=name or None,
             constraint=constraint,
+        )
+
+
+def _ensure_journal(target: sqlite3.Connection) -> None:
+    """Create the journal unless it exists; ``GatewayError("database_error")`` when it has the
+    layout before keys were (agent, key, plan_hash): its rows cannot be carried over (their
+    plan hash is inside their fingerprint), so the gateway does not open on it."""
+    target.execute(_JOURNAL_SCHEMA)
+    columns = {str(row[1]) for row in target.execute(f"PRAGMA table_info({JOURNAL_TABLE})")}
+    if "plan_hash" not in columns:
+        raise GatewayError(
+            "database_error",
+            f"the idempotency journal {JOURNAL_TABLE} was created by an older corral, whose "
+            "keys were (agent, key) without plan_hash; its keys cannot be carried over: "
+            "rename or drop the table (its keys will not replay) and open the gateway again",
+            journal=JOURNAL_TABLE,
+            missing_column="plan_hash",
         )
 
 
