@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run tour test lint bench format clean
+.PHONY: run tour test fuzz lint bench format clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/pytest
 
+# The property-based tests with many random examples (make test runs a few, the same each
+# time); minutes, not seconds.
+fuzz: $(STAMP)
+	HYPOTHESIS_PROFILE=long $(BIN)/pytest -q -p no:randomly --timeout=0 tests/gateway/test_emptiness.py
+
 bench: $(STAMP)
 	$(BIN)/python -m bench
 
@@ -40,4 +45,4 @@ constraints: $(STAMP)
 	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^-e' > constraints.txt
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .hypothesis

@@ -16,6 +16,7 @@ from corral.gateway._catalog_load import load_sqlite_catalog
 from corral.gateway._errors import GatewayError, database_refusal
 from corral.gateway._journal import StoredResult, decode_result, encode_result
 from corral.gateway._result import GatewayResult, unique_names
+from corral.gateway._rows import empty_warning, holds
 from corral.gateway.sqlite._analysis import (
     SqliteAnalysis,
     SqliteSqlAnalyzer,
@@ -232,17 +233,19 @@ class SQLiteFile:
         conn.set_progress_handler(lambda: int(self._monotonic() > deadline), _PROGRESS_STEPS)
         try:
             rows, columns = self._fetch(conn, plan, wall)
-            if (rows and not _counted_none(plan, rows)) or plan.exists_sql is None:
+            if (rows and not _counted_none(plan, rows)) or not plan.filtered:
                 return _answer(
                     rows, columns, self._max_rows, empty=not rows or _counted_none(plan, rows)
                 )
-            # Empty with a filter: rows and verdict from one snapshot.
-            conn.execute("BEGIN")
-            try:
-                rows, columns = self._fetch(conn, plan, wall)
-                flags = conn.execute(plan.exists_sql).fetchone()
-            finally:
-                conn.execute("COMMIT")
+            flags: tuple[Any, ...] = ()
+            if plan.exists_sql is not None:
+                # Empty with a filter: rows and verdict from one snapshot.
+                conn.execute("BEGIN")
+                try:
+                    rows, columns = self._fetch(conn, plan, wall)
+                    flags = tuple(conn.execute(plan.exists_sql).fetchone() or ())
+                finally:
+                    conn.execute("COMMIT")
         except sqlite3.Error as exc:
             if getattr(exc, "sqlite_errorname", "") == "SQLITE_READONLY_ROLLBACK":
                 raise
@@ -251,17 +254,11 @@ class SQLiteFile:
             conn.set_progress_handler(None, 0)
         if rows and not _counted_none(plan, rows):
             return _answer(rows, columns, self._max_rows, empty=False)
-        holding = [name for name, has in zip(plan.tables, flags or (), strict=False) if has]
-        if not holding:
+        has = {name: bool(flag) for name, flag in zip(plan.tables, flags, strict=False)}
+        suspicious, holding = holds(plan.rows, has)
+        if not suspicious:
             return _answer(rows, columns, self._max_rows, empty=True)
-        what = "counted none" if plan.count_op else "returned no rows"
-        named = ", ".join(holding)
-        verb = "holds" if len(holding) == 1 else "hold"
-        warning = (
-            f"suspiciously empty: the read {what}, but {named} {verb} rows that its "
-            "filter matched none of; a wrong value or column in the filter is more likely "
-            "than a true absence"
-        )
+        warning = empty_warning(holding, counted=plan.count_op)
         return GatewayResult(
             rows=_dicts(columns, rows),
             columns=columns,
