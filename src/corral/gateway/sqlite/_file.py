@@ -14,7 +14,7 @@ from urllib.parse import quote
 from corral.gateway._catalog import Catalog
 from corral.gateway._catalog_load import load_sqlite_catalog
 from corral.gateway._errors import GatewayError, database_refusal
-from corral.gateway._journal import StoredResult, decode_result, encode_result
+from corral.gateway._journal import StoredResult, encode_result
 from corral.gateway._result import GatewayResult, unique_names
 from corral.gateway._rows import empty_warning, holds
 from corral.gateway.sqlite._analysis import (
@@ -23,26 +23,12 @@ from corral.gateway.sqlite._analysis import (
     compile_error,
     located,
 )
+from corral.gateway.sqlite._journal import JOURNAL_TABLE, RECORD_SQL, ensure_journal, lookup
 from corral.gateway.sqlite._plan import Journalled, ReadPlan, WritePlan
 from corral.gateway.sqlite._wall import Wall, prewarm
 
 __all__ = ["JOURNAL_TABLE", "SQLiteFile"]
 
-JOURNAL_TABLE = "corral_gateway_journal"
-_JOURNAL_SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS {JOURNAL_TABLE} (
-    agent_id TEXT NOT NULL,
-    key TEXT NOT NULL,
-    plan_hash TEXT NOT NULL,
-    fingerprint TEXT NOT NULL,
-    state TEXT NOT NULL CHECK (state IN ('in_flight', 'completed')),
-    result TEXT,
-    created_at TEXT NOT NULL,
-    completed_at TEXT,
-    PRIMARY KEY (agent_id, key, plan_hash)
-)
-"""
-_JOURNAL_COLUMNS = "agent_id, key, plan_hash, fingerprint, state, result, created_at, completed_at"
 _HIDDEN = frozenset({JOURNAL_TABLE})
 _PROGRESS_STEPS = 1000  # SQLite virtual-machine instructions between timeout checks
 _BUSY_TIMEOUT_MS = 5000
@@ -124,7 +110,7 @@ class SQLiteFile:
 
     def _create_journal(self, target: sqlite3.Connection) -> None:
         try:
-            _ensure_journal(target)
+            ensure_journal(target)
             self._journal_ready = True
         except sqlite3.OperationalError as exc:
             if "readonly" not in str(exc):
@@ -295,23 +281,9 @@ class SQLiteFile:
             if not self._journal_ready:
                 return None
             try:
-                return self._lookup(self._require_target(), agent_id, key, plan_hash)
+                return lookup(self._require_target(), agent_id, key, plan_hash)
             except sqlite3.Error as exc:
                 raise self._mapped(exc, reading=False, wall=None) from None
-
-    @staticmethod
-    def _lookup(
-        target: sqlite3.Connection, agent_id: str, key: str, plan_hash: str
-    ) -> Journalled | None:
-        row = target.execute(
-            f"SELECT fingerprint, state, result FROM {JOURNAL_TABLE} "
-            "WHERE agent_id = ? AND key = ? AND plan_hash = ?",
-            (agent_id, key, plan_hash),
-        ).fetchone()
-        if row is None:
-            return None
-        stored = decode_result(row[2]) if row[2] is not None else None
-        return Journalled(str(row[0]), str(row[1]), stored)
 
     def write(
         self,
@@ -337,14 +309,13 @@ class SQLiteFile:
             try:
                 with self._transaction(target):
                     if not self._journal_ready:
-                        _ensure_journal(target)
-                    found = self._lookup(target, agent_id, key, plan_hash)
+                        ensure_journal(target)
+                    found = lookup(target, agent_id, key, plan_hash)
                     if found is not None:
                         return found
                     stored = self._apply(target, plan, wall)
                     target.execute(
-                        f"INSERT INTO {JOURNAL_TABLE} ({_JOURNAL_COLUMNS}) "
-                        "VALUES (?, ?, ?, ?, 'completed', ?, ?, ?)",
+                        RECORD_SQL,
                         (agent_id, key, plan_hash, fingerprint, encode_result(stored), now, now),
                     )
                 self._journal_ready = True
@@ -433,23 +404,6 @@ class SQLiteFile:
             database_message=text,
             sqlite_error=name or None,
             constraint=constraint,
-        )
-
-
-def _ensure_journal(target: sqlite3.Connection) -> None:
-    """Create the journal unless it exists; ``GatewayError("database_error")`` when it has the
-    layout before keys were (agent, key, plan_hash): its rows cannot be carried over (their
-    plan hash is inside their fingerprint), so the gateway does not open on it."""
-    target.execute(_JOURNAL_SCHEMA)
-    columns = {str(row[1]) for row in target.execute(f"PRAGMA table_info({JOURNAL_TABLE})")}
-    if "plan_hash" not in columns:
-        raise GatewayError(
-            "database_error",
-            f"the idempotency journal {JOURNAL_TABLE} was created by an older corral, whose "
-            "keys were (agent, key) without plan_hash; its keys cannot be carried over: "
-            "rename or drop the table (its keys will not replay) and open the gateway again",
-            journal=JOURNAL_TABLE,
-            missing_column="plan_hash",
         )
 
 
