@@ -46,7 +46,12 @@ def sqlite_rows(tokens: list[Token], key_of: Callable[[str], str | None]) -> Sql
     catalog key of a table or view named in FROM (``schema.name`` or ``name``), None when the
     catalog has none. Raises :class:`Unfollowed`."""
     parser = _Parser(tokens, key_of)
-    rows, is_filtered = parser.statement(0, len(tokens), {})
+    try:
+        rows, is_filtered = parser.statement(0, len(tokens), {})
+    except (IndexError, RecursionError) as exc:
+        # Text SQLite compiled but this module misread, or nested past Python's stack: the
+        # caller's over-estimates answer instead.
+        raise Unfollowed(type(exc).__name__) from None
     return SqliteRows(rows, is_filtered)
 
 
