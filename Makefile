@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run tour test lint bench format clean fuzz fuzz-api fuzz-stores
+.PHONY: run tour test lint bench format clean fuzz fuzz-api fuzz-stores fuzz-gateway
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,14 +29,18 @@ test: lint
 	$(BIN)/pytest
 
 # The property-based suites with many more examples than `make test` runs: the HTTP API
-# fuzzed from its OpenAPI document (schemathesis), and the stores (hypothesis).
-fuzz: fuzz-api fuzz-stores
+# fuzzed from its OpenAPI document (schemathesis), the stores and the gateway's verdicts on
+# empty reads (hypothesis); minutes, not seconds.
+fuzz: fuzz-api fuzz-stores fuzz-gateway
 
 fuzz-api: $(STAMP)
 	CORRAL_FUZZ_EXAMPLES=200 $(BIN)/pytest -q -p no:randomly tests/daemon/test_api_fuzz.py
 
 fuzz-stores: $(STAMP)
 	CORRAL_FUZZ_EXAMPLES=300 $(BIN)/pytest -q -p no:randomly tests/daemon/test_store_properties.py
+
+fuzz-gateway: $(STAMP)
+	HYPOTHESIS_PROFILE=long $(BIN)/pytest -q -p no:randomly --timeout=0 tests/gateway/test_emptiness.py
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
@@ -50,4 +54,4 @@ constraints: $(STAMP)
 	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^-e' > constraints.txt
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .hypothesis

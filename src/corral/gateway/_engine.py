@@ -92,7 +92,8 @@ class Engine(Protocol[P]):
     async def read(self, agent_id: str, planned: P) -> GatewayResult: ...
 
     async def write(self, agent_id: str, key: str, planned: P) -> GatewayResult:
-        """Run the write once under ``(agent_id, key)`` (keys in flight included)."""
+        """Run the write once under ``(agent_id, key, plan_hash)``, the plan hash being the
+        planned request's (keys in flight included)."""
         ...
 
     async def drain(self, agent_id: str) -> bool:

@@ -27,7 +27,7 @@ from corral.gateway._dsn import engine_of
 from corral.gateway._engine import Engine
 from corral.gateway._errors import GatewayError, statement_too_long
 from corral.gateway._parse_threads import INLINE_CHARS, MAX_STATEMENT_CHARS
-from corral.gateway._request import request_text
+from corral.gateway._request import request_text, unstorable
 from corral.gateway._result import GatewayResult, QueryOutcome, outcome_code
 from corral.gateway.postgres._engine import PostgresEngine, PostgresOptions
 from corral.gateway.sqlite._engine import sqlite_engine
@@ -74,6 +74,16 @@ def _release(analysing: set[str], agent_id: str, done: asyncio.Future[Any]) -> N
     analysing.discard(agent_id)
     if not done.cancelled():
         done.exception()  # retrieved: the caller may be gone
+
+
+def _agent_id(where: str, agent_id: object) -> None:
+    """Refuse an agent id that is not a non-empty string a journal stores exactly (keys and
+    freezes are journalled under it; see :func:`~._request.unstorable`)."""
+    v.non_empty_str(where, "agent_id", agent_id)
+    if isinstance(agent_id, str) and unstorable(agent_id) is not None:
+        raise InvalidArgumentError(
+            where, "agent_id", "text without control characters or lone surrogates", agent_id
+        )
 
 
 def _absent(where: str, engine: str, **given: object) -> None:
@@ -314,7 +324,7 @@ class Gateway:
         ``InvalidArgumentError``, ``UsageError`` (no breakers, or the gateway is not open) and
         the journal's ``GatewayError`` (the freeze is in effect all the same)."""
         where = f"{self._name}.freeze"
-        v.non_empty_str(where, "agent_id", agent_id)
+        _agent_id(where, agent_id)
         v.non_empty_str(where, "reason", reason)
         v.non_empty_str(where, "by", by, optional=True)
         return await self._require_breakers("freeze").freeze(agent_id, reason=reason, by=by)
@@ -324,7 +334,7 @@ class Gateway:
         start from zero. Raises ``InvalidArgumentError`` (either empty), ``UsageError`` (not
         frozen, no breakers, not open) and the journal's ``GatewayError`` (it stays frozen)."""
         where = f"{self._name}.reinstate"
-        v.non_empty_str(where, "agent_id", agent_id)
+        _agent_id(where, agent_id)
         v.non_empty_str(where, "by", by)
         v.non_empty_str(where, "reason", reason)
         return await self._require_breakers("reinstate").reinstate(agent_id, by=by, reason=reason)
@@ -352,7 +362,7 @@ class Gateway:
         Returns a :class:`GatewayResult`; raises ``GatewayError`` (docs/gateway.md lists the
         codes) and ``InvalidArgumentError`` when ``agent_id`` is not a non-empty string.
         """
-        v.non_empty_str(self._where_query, "agent_id", agent_id)
+        _agent_id(self._where_query, agent_id)
         engine = self._engine
         if not engine.is_open:
             raise GatewayError("database_unavailable", "the gateway is closed or not open")

@@ -19,7 +19,14 @@ __all__ = [
     "decode_result",
     "encode_result",
     "fingerprint",
+    "stored_plan",
 ]
+
+
+def stored_plan(plan_hash: str | None) -> str:
+    """``plan_hash`` as journals store it, part of a key's identity (agent, key, plan_hash):
+    ``""`` when absent (a given plan_hash is never empty)."""
+    return "" if plan_hash is None else plan_hash
 
 
 def fingerprint(normalized: str, params: Sequence[Any], plan_hash: str | None) -> str:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from corral.gateway._catalog import Catalog, Column, Table
 from corral.gateway._errors import GatewayError
+from corral.gateway._request import KEY_EXPECTED, key_is_valid, unstorable
 from corral.gateway._sql_functions import forbidden_type_reason
 from corral.kernel._errors import InvalidArgumentError
 
@@ -470,8 +471,10 @@ class _Compiler:
         passed: dict[str, str | None] = {}
         for k in _PASSTHROUGH:
             v = request.get(k)
-            if v is not None and (not isinstance(v, str) or not v):
-                self.invalid(k, v, "a non-empty string")
+            if v is not None and not key_is_valid(v):
+                character = unstorable(v) if isinstance(v, str) else None
+                extra = {"character": character} if character is not None else {}
+                self.invalid(k, v, KEY_EXPECTED, **extra)
             passed[k] = v if isinstance(v, str) else None
         name = request.get("table")
         if not isinstance(name, str) or not name:

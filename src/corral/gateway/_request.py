@@ -3,14 +3,50 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from corral.gateway._errors import GatewayError
 
-__all__ = ["MAX_KEY_LENGTH", "check_param_count", "invalid", "request_key", "request_text"]
+__all__ = [
+    "KEY_EXPECTED",
+    "MAX_KEY_LENGTH",
+    "check_param_count",
+    "invalid",
+    "key_is_valid",
+    "request_key",
+    "request_text",
+    "unstorable",
+]
 
 MAX_KEY_LENGTH = 256
+KEY_EXPECTED = (
+    f"a non-empty string of at most {MAX_KEY_LENGTH} characters, without control characters "
+    "(NUL included) or lone surrogates"
+)
+# Characters a journal cannot store as they are: libpq sends text parameters as C strings,
+# so PostgreSQL would keep a key only up to its first NUL (and two keys would become one);
+# control characters in general (C0, DEL, C1) are refused alike on both engines, and a lone
+# surrogate cannot be encoded at all.
+_UNSTORABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def unstorable(text: str) -> str | None:
+    """The first character of ``text`` a journal would not keep exactly, as ``U+XXXX``;
+    None when there is none."""
+    found = _UNSTORABLE.search(text)
+    return None if found is None else f"U+{ord(found.group()):04X}"
+
+
+def key_is_valid(value: object) -> bool:
+    """Whether ``value`` may be an ``idempotency_key`` or ``plan_hash``: a string of 1 to
+    :data:`MAX_KEY_LENGTH` characters that a journal stores exactly (see :func:`unstorable`)."""
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= MAX_KEY_LENGTH
+        and _UNSTORABLE.search(value) is None
+    )
 
 
 def invalid(key: str, value: Any, expected: str) -> GatewayError:
@@ -24,13 +60,18 @@ def invalid(key: str, value: Any, expected: str) -> GatewayError:
 
 def request_key(request: Mapping[str, Any], name: str) -> str | None:
     """``request[name]`` (``idempotency_key``, ``plan_hash``): None when absent, else a
-    non-empty string of at most :data:`MAX_KEY_LENGTH` characters (``invalid_operation``)."""
+    string :func:`key_is_valid` accepts (``invalid_operation`` otherwise, naming the first
+    character refused in ``details["character"]``)."""
     value = request.get(name)
     if value is None:
         return None
-    if not isinstance(value, str) or not value or len(value) > MAX_KEY_LENGTH:
-        raise invalid(name, value, f"a non-empty string of at most {MAX_KEY_LENGTH} characters")
-    return value
+    if isinstance(value, str) and key_is_valid(value):
+        return value
+    error = invalid(name, value, KEY_EXPECTED)
+    character = unstorable(value) if isinstance(value, str) else None
+    if character is not None:
+        error.details["character"] = character
+    raise error
 
 
 def check_param_count(expected: int, given: int) -> None:

@@ -272,13 +272,22 @@ async def test_a_filter_that_matches_nothing_in_a_table_with_rows_is_suspicious(
         joined = await gw.query(
             AGENT,
             {
-                "sql": "SELECT o.id FROM orders o JOIN refunds r ON r.order_id = o.id "
-                "WHERE o.status = 'paid'"
+                "sql": "SELECT o.id FROM orders o LEFT JOIN refunds r ON r.order_id = o.id "
+                "WHERE o.status = 'PAID'"
             },
         )
         assert joined.emptiness == "suspiciously_empty"
         assert "orders holds rows" in joined.warnings[0]
         assert "refunds" not in joined.warnings[0]
+        # Without its filters, an inner join with an empty table is still empty.
+        inner = await gw.query(
+            AGENT,
+            {
+                "sql": "SELECT o.id FROM orders o JOIN refunds r ON r.order_id = o.id "
+                "WHERE o.status = 'paid'"
+            },
+        )
+        assert (inner.emptiness, inner.warnings) == ("genuinely_empty", ())
 
         found = await gw.query(
             AGENT, {"op": "find", "table": "customers", "where": {"country": "XX"}}
@@ -298,7 +307,6 @@ async def test_empty_tables_and_unfiltered_reads_are_genuinely_empty(shop_dsn: s
         cases: list[dict[str, Any]] = [
             {"sql": "SELECT * FROM refunds WHERE amount > $1", "params": [10]},
             {"sql": "SELECT * FROM refunds"},
-            {"sql": "SELECT g FROM generate_series(1, 3) g WHERE g > 5"},
             {"op": "find", "table": "refunds", "where": {"order_id": 3}},
             {"op": "find", "table": "refunds", "offset": 100},
             {"op": "count", "table": "refunds", "where": {"order_id": 3}},
@@ -307,6 +315,11 @@ async def test_empty_tables_and_unfiltered_reads_are_genuinely_empty(shop_dsn: s
             result = await gw.query(AGENT, request)
             assert result.emptiness == "genuinely_empty", request
             assert result.warnings == (), request
+        # A function in FROM stands for one row without the filters: the filter, not the
+        # data, emptied this read (no table to name).
+        series = await gw.query(AGENT, {"sql": "SELECT g FROM generate_series(1, 3) g WHERE g > 5"})
+        assert series.emptiness == "suspiciously_empty"
+        assert "without its filters it returns rows" in series.warnings[0]
         described = await gw.query(AGENT, {"sql": "SELECT * FROM refunds"})
         assert described.columns == ("id", "order_id", "amount")
         assert described.rows == []

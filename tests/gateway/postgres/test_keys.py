@@ -237,9 +237,9 @@ async def test_a_key_journalled_by_a_transaction_without_its_lock_is_replayed(
             planned = plan_request(request, gw.catalog)
             fp = fingerprint(planned.normalized(), planned.params, planned.plan_hash)
             older.execute(
-                "INSERT INTO corral.gateway_journal (agent_id, key, fingerprint, state, "
-                "result, created_at, completed_at) "
-                "VALUES (%s, 'refund-1', %s, 'completed', %s::jsonb, now(), now())",
+                "INSERT INTO corral.gateway_journal (agent_id, key, plan_hash, fingerprint, "
+                "state, result, created_at, completed_at) "
+                "VALUES (%s, 'refund-1', '', %s, 'completed', %s::jsonb, now(), now())",
                 [AGENT, fp, encode_result(stored)],
             )
             task = asyncio.create_task(gw.query(AGENT, request))

@@ -177,11 +177,11 @@ async def test_keys_journalled_in_flight_are_outcome_unknown(shop: Path) -> None
     conn = sqlite3.connect(shop)
     conn.execute(f"DELETE FROM {JOURNAL_TABLE}")
     conn.execute(
-        f"INSERT INTO {JOURNAL_TABLE} VALUES (?, 'drop-1', ?, 'in_flight', NULL, 't', NULL)",
+        f"INSERT INTO {JOURNAL_TABLE} VALUES (?, 'drop-1', '', ?, 'in_flight', NULL, 't', NULL)",
         (AGENT, stored.fingerprint),
     )
     conn.execute(
-        f"INSERT INTO {JOURNAL_TABLE} VALUES (?, 'old', ?, 'completed', ?, 't', 't')",
+        f"INSERT INTO {JOURNAL_TABLE} VALUES (?, 'old', '', ?, 'completed', ?, 't', 't')",
         (AGENT, "f" * 64, '{"columns":[],"rows":[],"row_count":3,"truncated":false}'),
     )
     conn.commit()
@@ -432,15 +432,19 @@ async def test_sql_writes_are_keyed_replayed_and_conflicting(shop: Path) -> None
             },
         )
         other_params = await _refused(gw, {**insert, "params": [61, "Nina", "nina@x"]})
-        other_plan = await _refused(gw, {**insert, "plan_hash": "p2"})
+        # A new plan is new work (the key's identity is agent, key and plan_hash).
+        other_plan = await gw.query(
+            AGENT, {**insert, "plan_hash": "p2", "params": [63, "P", "p@x"]}
+        )
         other_sql = await _refused(gw, {**insert, "sql": sql.replace("'FR'", "'DE'")})
         other_agent = await gw.query("agent-8", {**insert, "params": [62, "Olga", "olga@x"]})
     assert (first.status, first.row_count, first.rows) == ("ok", 1, [{"id": 60, "name": "Nina"}])
     assert (again.status, again.rows) == ("replayed", first.rows)
     assert relaid.status == "replayed"
-    assert {other_params.code, other_plan.code, other_sql.code} == {"idempotency_conflict"}
+    assert {other_params.code, other_sql.code} == {"idempotency_conflict"}
+    assert other_plan.status == "ok"
     assert other_agent.status == "ok"  # keys are per agent
-    assert _count(shop, "SELECT count(*) FROM customers WHERE id IN (60, 61, 62)") == 2
+    assert _count(shop, "SELECT count(*) FROM customers WHERE id IN (60, 61, 62, 63)") == 3
 
 
 async def test_a_sql_write_the_database_refuses_leaves_its_key_free(shop: Path) -> None:

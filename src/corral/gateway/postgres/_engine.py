@@ -188,7 +188,9 @@ class PostgresEngine:
                 raise map_error(exc, lease, statement_timeout_s=timeout_s) from None
 
     async def write(self, agent_id: str, key: str, planned: Planned) -> GatewayResult:
-        return await self._writes.run(agent_id, key, planned.fingerprint(), planned.plan)
+        return await self._writes.run(
+            agent_id, key, planned.plan_hash, planned.fingerprint(), planned.plan
+        )
 
     async def drain(self, agent_id: str) -> bool:
         return await self.pools.drain(agent_id)

@@ -12,6 +12,7 @@ from psycopg import AsyncRawCursor, adapt
 
 from corral.gateway._errors import GatewayError, database_refusal, sqlstate_code
 from corral.gateway._result import GatewayResult, unique_names
+from corral.gateway._rows import Rows, empty_warning, holds
 from corral.gateway.postgres import _wire as wire
 from corral.gateway.postgres._pools import Lease
 
@@ -27,8 +28,10 @@ class Plan:
 
     ``raw``: ``sql`` uses PostgreSQL's ``$n`` placeholders (sent as they are, bound by the
     server); otherwise psycopg's ``%s`` (``%%`` for a ``%``). ``exists`` lists ``(label,
-    qualified name)`` of every table the read reads. ``count_op``: a structured ``count``,
-    whose zero counts as an empty answer.
+    qualified name)`` of every table ``rows`` names (labels are its leaves): whether the read
+    without its filters has rows, the verdict on a filtered empty answer; ``only``: the read
+    names a table with ``ONLY``. ``count_op``: a structured ``count``, whose zero counts as
+    an empty answer.
     """
 
     kind: Literal["read", "write"]
@@ -39,6 +42,8 @@ class Plan:
     exists: tuple[tuple[str, str], ...] = ()
     explain: bool = False
     count_op: bool = False
+    rows: Rows = True
+    only: bool = False
 
 
 # --- reads ------------------------------------------------------------------------------------
@@ -132,21 +137,17 @@ async def _read_in_snapshot(lease: Lease, plan: Plan, *, max_rows: int) -> Gatew
     result = _dicts(columns, rows)
     if rows and not _counted_none(plan, rows):
         return GatewayResult(rows=result, columns=columns, row_count=len(rows), truncated=truncated)
-    holding: list[str] = []
-    if checks:
-        flags = await exists.fetchone()
-        holding = [label for (label, _), has in zip(checks, flags or (), strict=True) if has]
-    if not holding:
+    suspicious = False
+    holding: tuple[str, ...] = ()
+    if plan.filtered:
+        flags = (await exists.fetchone() or ()) if checks else ()
+        has = {label: bool(flag) for (label, _), flag in zip(checks, flags, strict=True)}
+        suspicious, holding = holds(plan.rows, has)
+    if not suspicious:
         return GatewayResult(
             rows=result, columns=columns, row_count=len(rows), emptiness="genuinely_empty"
         )
-    named = ", ".join(holding)
-    what = "counted none" if plan.count_op else "returned no rows"
-    warning = (
-        f"suspiciously empty: the read {what}, but {named} "
-        f"{'holds' if len(holding) == 1 else 'hold'} rows that its filter matched none of; "
-        "a wrong value or column in the filter is more likely than a true absence"
-    )
+    warning = empty_warning(holding, counted=plan.count_op, only=plan.only)
     return GatewayResult(
         rows=result,
         columns=columns,

@@ -1,14 +1,17 @@
-"""Whether a read's empty answer may come from a filter: anything that can leave out rows of the
-tables it reads (an over-estimate, which only costs an exact ``EXISTS`` check)."""
+"""Whether a read's empty answer may come from a filter (an over-estimate, which only costs an
+exact ``EXISTS`` check), and whether the read without its filters has rows, as a formula over
+the tables that produce its rows."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from corral.gateway._rows import Rows, all_of, any_of
 from corral.gateway.postgres._tree import Node, string_names, unwrap
 
-__all__ = ["filtered"]
+__all__ = ["Find", "ReadRows", "filtered", "read_rows"]
 
 
 # Functions that return one row per call: aggregates, and scalars agents commonly call. Any
@@ -63,47 +66,163 @@ _AGGREGATE_SYNTAX = (
     "agg_within_group",
 )
 _ROW_SOURCES = frozenset({"withClause", "larg", "rarg", "fromClause"})
+# Aggregates a SELECT without GROUP BY may call (any call with an aggregate's syntax counts
+# too): such a SELECT returns one row whatever its FROM holds.
+_AGGREGATES = frozenset(
+    {
+        *("count", "sum", "avg", "min", "max", "array_agg", "string_agg", "json_agg"),
+        *("jsonb_agg", "json_object_agg", "jsonb_object_agg", "bool_and", "bool_or", "every"),
+        *("bit_and", "bit_or", "bit_xor", "stddev", "stddev_pop", "stddev_samp", "variance"),
+        *("var_pop", "var_samp", "corr", "covar_pop", "covar_samp", "xmlagg", "range_agg"),
+        *("range_intersect_agg", "any_value", "regr_count", "regr_avgx", "regr_avgy"),
+    }
+)
+_ONE_ROW = (True, False)
+_UNKNOWN = (True, True)
+
+Find = Callable[[str, str], "str | None"]
+"""``find(schema, name)``: the catalog key of the relation a ``RangeVar`` names, or None."""
 
 
-def filtered(kind: str, node: Node, ctes: dict[str, tuple[str, Node]] | None = None) -> bool:
-    """Whether something on the path producing the rows may have removed rows.
+@dataclass(frozen=True, slots=True)
+class ReadRows:
+    """What decides a read's empty answer: ``rows``, whether the read without its filters has
+    rows (:mod:`corral.gateway._rows`); ``filtered``, whether a filter may have emptied it
+    (when not, an empty answer is genuinely empty without a check); ``only``, whether it
+    names a table with ``ONLY``."""
 
-    That path is the statement, its FROM subqueries, the CTEs it reads from FROM, and every arm
-    of a UNION; scalar subqueries are off it. What may remove rows: a WHERE, HAVING or
-    inner-join condition; INTERSECT and EXCEPT; a LIMIT or FETCH other than a positive
-    constant (or ALL) and an OFFSET other than 0; a function or TABLESAMPLE in FROM; a call in
-    the select list that may be set-returning (any but aggregates and common scalars, and any
-    field selection ``(expr).f``, which may be the call ``f(expr)``). When in
-    doubt, true: an empty answer then has its tables checked for rows.
-    """
-    ctes = {} if ctes is None else ctes
+    rows: Rows
+    filtered: bool
+    only: bool
+
+
+def read_rows(node: Node, find: Find) -> ReadRows:
+    """:class:`ReadRows` of the SELECT ``node`` (docs/gateway.md, "Loud empties", defines the
+    read without its filters: no WHERE, HAVING or join condition, inner joins as cross joins,
+    outer joins keeping their preserved side, no LIMIT, OFFSET or FETCH, INTERSECT and EXCEPT
+    as their left arm, TABLESAMPLE and ONLY left out, a function in FROM as one row).
+    Subqueries outside FROM (scalar, EXISTS, IN) are part of the filters that hold them."""
+    walk = _Walk(find)
+    rows, is_filtered = walk.select(node, {}, frozenset())
+    return ReadRows(rows, is_filtered, walk.only)
+
+
+def filtered(kind: str, node: Node) -> bool:
+    """Whether something on the path producing the rows of a statement may have removed rows
+    (for a SELECT, :func:`read_rows`' ``filtered``; an UPDATE or DELETE with a WHERE, FROM or
+    USING; an INSERT whose SELECT is filtered). When in doubt, true."""
     if kind == "InsertStmt":
-        return "selectStmt" in node and filtered(*unwrap(node["selectStmt"]), ctes)
+        inner_kind, inner = unwrap(node.get("selectStmt"))
+        return inner_kind == "SelectStmt" and read_rows(inner, _nowhere).filtered
     if kind in ("UpdateStmt", "DeleteStmt"):
         return any(k in node for k in ("whereClause", "fromClause", "usingClause"))
     if kind != "SelectStmt":
         return False
-    return _select_filtered(node, ctes, frozenset())
+    return read_rows(node, _nowhere).filtered
 
 
-def _select_filtered(node: Node, ctes: dict[str, tuple[str, Node]], seen: frozenset[str]) -> bool:
-    if "withClause" in node:
-        ctes = dict(ctes)
-        for cte_node in node["withClause"].get("ctes", ()):
-            cte = cte_node.get("CommonTableExpr", {})
-            ctes[cte.get("ctename", "")] = unwrap(cte.get("ctequery"))
-    if _limited(node):
-        return True
-    op = node.get("op", "SETOP_NONE")
-    if op == "SETOP_UNION":
-        return _select_filtered(node.get("larg", {}), ctes, seen) or _select_filtered(
-            node.get("rarg", {}), ctes, seen
+def _nowhere(schema: str, name: str) -> str | None:
+    return None
+
+
+_Ctes = dict[str, tuple[str, Node]]
+
+
+@dataclass(slots=True)
+class _Walk:
+    find: Find
+    only: bool = False
+
+    def select(self, node: Node, ctes: _Ctes, seen: frozenset[str]) -> tuple[Rows, bool]:
+        if "withClause" in node:
+            ctes = dict(ctes)
+            for cte_node in node["withClause"].get("ctes", ()):
+                cte = cte_node.get("CommonTableExpr", {})
+                ctes[cte.get("ctename", "")] = unwrap(cte.get("ctequery"))
+        limited = _limited(node)
+        op = node.get("op", "SETOP_NONE")
+        if op == "SETOP_UNION":
+            left, left_filtered = self.select(node.get("larg", {}), ctes, seen)
+            right, right_filtered = self.select(node.get("rarg", {}), ctes, seen)
+            return any_of((left, right)), limited or left_filtered or right_filtered
+        if op != "SETOP_NONE":
+            # INTERSECT and EXCEPT filter their left arm by the right one.
+            return self.select(node.get("larg", {}), ctes, seen)[0], True
+        if "valuesLists" in node:
+            return True, limited
+        sources = [self.from_item(*unwrap(item), ctes, seen) for item in node.get("fromClause", ())]
+        rows = all_of(r for r, _ in sources)
+        is_filtered = (
+            limited
+            or "whereClause" in node
+            or "havingClause" in node
+            or _may_return_sets(node)
+            or any(f for _, f in sources)
         )
-    if op != "SETOP_NONE":
-        return True
-    if "whereClause" in node or "havingClause" in node or _may_return_sets(node):
-        return True
-    return any(_from_filtered(*unwrap(item), ctes, seen) for item in node.get("fromClause", ()))
+        if "groupClause" not in node and ("havingClause" in node or _aggregates(node)):
+            rows = True  # one group, whatever FROM holds
+        return rows, is_filtered
+
+    def from_item(
+        self, kind: str, node: Node, ctes: _Ctes, seen: frozenset[str]
+    ) -> tuple[Rows, bool]:
+        if kind == "JoinExpr":
+            left, left_filtered = self.from_item(*unwrap(node.get("larg")), ctes, seen)
+            right, right_filtered = self.from_item(*unwrap(node.get("rarg")), ctes, seen)
+            join = node.get("jointype", "JOIN_INNER")
+            if join == "JOIN_LEFT":
+                return left, left_filtered
+            if join == "JOIN_RIGHT":
+                return right, right_filtered
+            if join == "JOIN_FULL":
+                return any_of((left, right)), left_filtered or right_filtered
+            conditioned = "quals" in node or "usingClause" in node or bool(node.get("isNatural"))
+            return all_of((left, right)), conditioned or left_filtered or right_filtered
+        if kind == "RangeSubselect":
+            sub_kind, sub = unwrap(node.get("subquery"))
+            return self.select(sub, ctes, seen) if sub_kind == "SelectStmt" else _UNKNOWN
+        if kind == "RangeTableSample":
+            return self.from_item(*unwrap(node.get("relation")), ctes, seen)[0], True
+        if kind != "RangeVar":
+            # Functions, ROWS FROM, XMLTABLE, JSON_TABLE: filters that stand for one row (they
+            # may give none, or none for a row of a table before them).
+            return _UNKNOWN
+        name = node.get("relname", "")
+        schema = node.get("schemaname", "")
+        if not schema and name in ctes:
+            if name in seen:
+                return False, False  # a recursive CTE's reference to itself
+            cte_kind, cte = ctes[name]
+            if cte_kind == "SelectStmt":
+                return self.select(cte, ctes, seen | {name})
+            return _UNKNOWN
+        key = self.find(schema, name)
+        only = not node.get("inh", False)
+        self.only = self.only or only
+        return (key if key is not None else True), only
+
+
+def _aggregates(node: Node) -> bool:
+    """Whether the select list or ORDER BY calls an aggregate (outside subqueries)."""
+    stack: list[Any] = [node.get("targetList", ()), node.get("sortClause", ())]
+    while stack:
+        item = stack.pop()
+        if type(item) is list:
+            stack.extend(item)
+            continue
+        if type(item) is not dict:
+            continue
+        for key, value in item.items():
+            if key == "SelectStmt":
+                continue
+            if key == "FuncCall" and "over" not in value:
+                names = string_names(value.get("funcname", ()))
+                syntax = any(k in value for k in _AGGREGATE_SYNTAX)
+                if syntax or (names and names[-1].lower() in _AGGREGATES):
+                    return True
+            if type(value) is dict or type(value) is list:
+                stack.append(value)
+    return False
 
 
 def _limited(node: Node) -> bool:
@@ -152,35 +271,4 @@ def _may_return_sets(node: Node) -> bool:
                 return True
             if type(value) is dict or type(value) is list:
                 stack.append(value)
-    return False
-
-
-def _from_filtered(
-    kind: str, node: Node, ctes: dict[str, tuple[str, Node]], seen: frozenset[str]
-) -> bool:
-    if kind == "JoinExpr":
-        left = _from_filtered(*unwrap(node.get("larg")), ctes, seen)
-        right = _from_filtered(*unwrap(node.get("rarg")), ctes, seen)
-        join = node.get("jointype", "JOIN_INNER")
-        if join == "JOIN_LEFT":
-            return left
-        if join == "JOIN_RIGHT":
-            return right
-        if join == "JOIN_FULL":
-            return left and right
-        conditioned = "quals" in node or "usingClause" in node or bool(node.get("isNatural"))
-        return conditioned or left or right
-    if kind == "RangeSubselect":
-        sub_kind, sub = unwrap(node.get("subquery"))
-        return sub_kind == "SelectStmt" and _select_filtered(sub, ctes, seen)
-    if kind != "RangeVar":
-        # TABLESAMPLE, functions, ROWS FROM, XMLTABLE, JSON_TABLE: may give no row at all, or
-        # none for a row of a table before them (jsonb_array_elements(o.meta->'items')).
-        return True
-    name = node.get("relname", "")
-    if not node.get("schemaname") and name in ctes and name not in seen:
-        cte_kind, cte = ctes[name]
-        if cte_kind == "SelectStmt":
-            return _select_filtered(cte, ctes, seen | {name})
-        return filtered(cte_kind, cte, ctes)
     return False

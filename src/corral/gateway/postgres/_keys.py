@@ -1,5 +1,5 @@
-"""Keyed writes on PostgreSQL: each (agent, idempotency key) runs its work once, whatever the
-retries, in this process or another."""
+"""Keyed writes on PostgreSQL: each (agent, idempotency key, plan_hash) runs its work once,
+whatever the retries, in this process or another."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 
 from corral.gateway._errors import GatewayError
-from corral.gateway._journal import StoredResult, decode_result
+from corral.gateway._journal import StoredResult, decode_result, stored_plan
 from corral.gateway._result import GatewayResult
 from corral.gateway.postgres._execute import Plan, map_error
 from corral.gateway.postgres._journal import JournalName
@@ -22,7 +22,7 @@ from corral.kernel import Clock
 
 __all__ = ["KeyedWrites"]
 
-_Slot = tuple[str, str]
+_Slot = tuple[str, str, str]  # agent_id, key, stored plan_hash: a key's identity
 
 
 @dataclass(eq=False, slots=True)
@@ -59,9 +59,12 @@ class KeyedWrites:
         self._inflight: dict[_Slot, _InFlight] = {}
         self._replays: OrderedDict[_Slot, tuple[str, StoredResult]] = OrderedDict()
 
-    async def run(self, agent_id: str, key: str, fingerprint: str, plan: Plan) -> GatewayResult:
-        """Run the write ``plan`` under ``key`` once; raises ``GatewayError``."""
-        slot = (agent_id, key)
+    async def run(
+        self, agent_id: str, key: str, plan_hash: str | None, fingerprint: str, plan: Plan
+    ) -> GatewayResult:
+        """Run the write ``plan`` under ``(agent_id, key, plan_hash)`` once; raises
+        ``GatewayError``."""
+        slot = (agent_id, key, stored_plan(plan_hash))
         while True:
             cached = self._replays.get(slot)
             if cached is not None:
@@ -92,7 +95,7 @@ class KeyedWrites:
     async def _claim_and_run(
         self, lease: Lease, slot: _Slot, fingerprint: str, plan: Plan
     ) -> GatewayResult:
-        agent_id, key = slot
+        agent_id, key, plan_hash = slot
         for _ in range(2):
             try:
                 result, stored = await run_write(
@@ -101,6 +104,7 @@ class KeyedWrites:
                     journal=self._journal,
                     agent_id=agent_id,
                     key=key,
+                    plan_hash=plan_hash,
                     fingerprint=fingerprint,
                     now=self._clock.now(),
                     key_wait_ms=self._key_wait_ms,
@@ -108,7 +112,7 @@ class KeyedWrites:
                     agent_role=self._agent_role,
                 )
             except KeyTaken:
-                entry = await self._lookup(lease, agent_id, key)
+                entry = await self._lookup(lease, slot)
                 if entry is None:
                     continue  # the holder's row is gone (deleted by hand): claim it afresh
                 return self._journalled(slot, fingerprint, entry)
@@ -123,17 +127,17 @@ class KeyedWrites:
             key=key,
         )
 
-    async def _lookup(self, lease: Lease, agent_id: str, key: str) -> tuple[Any, ...] | None:
+    async def _lookup(self, lease: Lease, slot: _Slot) -> tuple[Any, ...] | None:
         conn = lease.conn
         try:
             if self._agent_role is None:
-                cur = await conn.execute(self._journal.lookup_sql, [agent_id, key])
+                cur = await conn.execute(self._journal.lookup_sql, list(slot))
                 row = await cur.fetchone()
             else:
                 # The agent role may not read the journal: the session user reads it.
                 async with conn.transaction():
                     await conn.execute("SET LOCAL ROLE NONE")
-                    cur = await conn.execute(self._journal.lookup_sql, [agent_id, key])
+                    cur = await conn.execute(self._journal.lookup_sql, list(slot))
                     row = await cur.fetchone()
         except psycopg.Error as exc:
             raise map_error(exc, lease, statement_timeout_s=self._statement_timeout_s) from None
@@ -198,7 +202,8 @@ def _replay(key: str, fingerprint: str, stored_fp: str, stored: StoredResult) ->
 def _conflict(key: str, state: str) -> GatewayError:
     return GatewayError(
         "idempotency_conflict",
-        f"idempotency key {key!r} {state} for different work (another statement, other "
-        "parameters or another plan_hash); use a new key for new work",
+        f"idempotency key {key!r} {state} for different work under the same plan_hash "
+        "(another statement or other parameters); use a new key, or a new plan_hash for a "
+        "new plan",
         key=key,
     )

@@ -14,6 +14,7 @@ from corral.gateway._catalog import Catalog, Table
 from corral.gateway._journal import fingerprint
 from corral.gateway._ops import compile_operation
 from corral.gateway._request import check_param_count, invalid, request_key
+from corral.gateway._rows import tables
 from corral.gateway.postgres._execute import Plan
 from corral.gateway.postgres._journal import quote_name
 from corral.gateway.postgres._sql import Analysis, analyze
@@ -123,8 +124,12 @@ def _shape(sql: str, catalog: Catalog) -> _SqlShape:
     if shape is not None:
         return shape
     analysis = analyze(sql, catalog)
+    # Only the tables producing the rows decide an empty answer (not those of a scalar
+    # subquery or a WHERE), so only theirs are checked.
     exists = tuple(
-        (key_, _qualified(catalog.tables[key_])) for key_ in dict.fromkeys(analysis.tables)
+        (key_, _qualified(catalog.tables[key_]))
+        for key_ in tables(analysis.rows)
+        if key_ in catalog.tables
     )
     shape = _SqlShape(analysis, exists, analysis.statement_type == "EXPLAIN")
     if len(_SHAPES) >= _SHAPES_SIZE:
@@ -164,6 +169,8 @@ def _plan_sql(request: Mapping[str, Any], catalog: Catalog) -> Planned:
         filtered=analysis.filtered,
         exists=shape.exists,
         explain=shape.explain,
+        rows=analysis.rows,
+        only=analysis.only,
     )
     return Planned(plan, analysis, None, tuple(raw_params), key, plan_hash)
 
@@ -182,5 +189,6 @@ def _plan_op(request: Mapping[str, Any], catalog: Catalog) -> Planned:
         filtered=compiled.filtered,
         exists=exists,
         count_op=compiled.op == "count",
+        rows=compiled.table if table is not None else True,
     )
     return Planned(plan, None, compiled.normalized, compiled.params, key, plan_hash)

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from corral.gateway._catalog import Catalog
 from corral.gateway._errors import GatewayError
 from corral.gateway._refusal import Refusal
+from corral.gateway._rows import Rows, any_of
 from corral.gateway._sql_functions import (
     RELATION_ARGUMENTS,
     TEXT_TYPES,
@@ -21,7 +22,7 @@ from corral.gateway._sql_functions import (
     forbidden_function_reason,
     forbidden_type_reason,
 )
-from corral.gateway.postgres._filtered import filtered
+from corral.gateway.postgres._filtered import filtered, read_rows
 from corral.gateway.postgres._names import Resolver
 from corral.gateway.postgres._parse import deparse, parse
 from corral.gateway.postgres._tree import (
@@ -84,6 +85,9 @@ class Analysis:
     or a parameter, ``OFFSET``, a function in ``FROM``, a set-returning call; see
     :func:`~corral.gateway.postgres._names.filtered`), so an empty result may be a filter that
     matched nothing. ``param_count`` is the highest ``$n`` placeholder (0 when none).
+    ``rows``: whether the statement without its filters has rows, over the catalog keys of
+    the tables producing its rows (:func:`~corral.gateway.postgres._filtered.read_rows`; for
+    a write, any table it reads); ``only``: a table is named with ``ONLY``.
     """
 
     kind: Literal["read", "write"]
@@ -93,6 +97,8 @@ class Analysis:
     filtered: bool
     param_count: int
     sql: str
+    rows: Rows = True
+    only: bool = False
     _normalized: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -257,9 +263,14 @@ def _analyze(sql: str, catalog: Catalog) -> Analysis:
     resolver = Resolver(sql, catalog)
     resolver.statement(inner_kind, inner)
     written = tuple(resolver.written)
+    rows: Rows = any_of(resolver.tables)
+    only = False
     if kind == "ExplainStmt":
         # Nothing runs without ANALYZE, and ANALYZE of a write was refused above.
-        kind_of, written, is_filtered = "read", (), False
+        kind_of, written, is_filtered, rows = "read", (), False, True
+    elif inner_kind == "SelectStmt" and kind_of == "read":
+        found = read_rows(inner, lambda schema, name: _key(resolver, schema, name))
+        rows, is_filtered, only = found.rows, found.filtered, found.only
     else:
         is_filtered = filtered(inner_kind, inner)
     return Analysis(
@@ -270,7 +281,14 @@ def _analyze(sql: str, catalog: Catalog) -> Analysis:
         filtered=is_filtered,
         param_count=scan.param_count,
         sql=sql,
+        rows=rows,
+        only=only,
     )
+
+
+def _key(resolver: Resolver, schema: str, name: str) -> str | None:
+    found = resolver.find(schema, name)
+    return found[0] if found is not None else None
 
 
 def _statement_type(kind: str, stmt: Node) -> str:

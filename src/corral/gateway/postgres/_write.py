@@ -71,11 +71,11 @@ class _JournalSql:
 
     @property
     def check_key(self) -> wire.Key:
-        return (self.check, _TWO_TEXTS)
+        return (self.check, _THREE_TEXTS)
 
 
 _INT8 = (20,)
-_TWO_TEXTS = (25, 25)
+_THREE_TEXTS = (25, 25, 25)
 
 
 @functools.lru_cache(maxsize=64)
@@ -135,15 +135,17 @@ def _countable(sql: bytes) -> bytes | None:
 @functools.lru_cache(maxsize=1024)
 def _counting(body: bytes, journal: JournalName, first: int) -> bytes:
     """The write ``body`` recording its journal row in the same statement, with the number of
-    rows it wrote; parameters ``$first`` .. ``$first+3``: agent_id, key, fingerprint, now."""
+    rows it wrote; parameters ``$first`` .. ``$first+4``: agent_id, key, plan_hash,
+    fingerprint, now."""
     return (
         b"WITH _corral_write AS (\n" + body + b"\nRETURNING 1\n), "
         b"_corral_journal AS (INSERT INTO " + journal.qualified.encode("utf-8") + b" "
-        b"(agent_id, key, fingerprint, state, result, created_at, completed_at) "
-        b"SELECT $%d, $%d, $%d, 'completed', jsonb_build_object("
+        b"(agent_id, key, plan_hash, fingerprint, state, result, created_at, completed_at) "
+        b"SELECT $%d, $%d, $%d, $%d, 'completed', jsonb_build_object("
         b"'columns', '[]'::jsonb, 'rows', '[]'::jsonb, 'row_count', count(*), "
         b"'truncated', false), $%d, $%d FROM _corral_write) "
-        b"SELECT count(*) FROM _corral_write" % (first, first + 1, first + 2, first + 3, first + 3)
+        b"SELECT count(*) FROM _corral_write"
+        % (first, first + 1, first + 2, first + 3, first + 4, first + 4)
     )
 
 
@@ -160,13 +162,13 @@ def _counting_alone(body: bytes) -> bytes:
 @functools.lru_cache(maxsize=64)
 def _journal_from_count(journal: JournalName, encoding: str) -> bytes:
     """The journal row of a write run by :func:`_counting_alone`; parameters agent_id, key,
-    fingerprint, now."""
+    plan_hash, fingerprint, now."""
     return (
         f"INSERT INTO {journal.qualified} "
-        "(agent_id, key, fingerprint, state, result, created_at, completed_at) "
-        "SELECT $1, $2, $3, 'completed', jsonb_build_object("
+        "(agent_id, key, plan_hash, fingerprint, state, result, created_at, completed_at) "
+        "SELECT $1, $2, $3, $4, 'completed', jsonb_build_object("
         "'columns', '[]'::jsonb, 'rows', '[]'::jsonb, 'row_count', "
-        "current_setting('corral.write_rows')::bigint, 'truncated', false), $4, $4"
+        "current_setting('corral.write_rows')::bigint, 'truncated', false), $5, $5"
     ).encode(encoding)
 
 
@@ -177,6 +179,7 @@ async def run_write(
     journal: JournalName,
     agent_id: str,
     key: str,
+    plan_hash: str,
     fingerprint: str,
     now: datetime,
     key_wait_ms: int,
@@ -189,7 +192,8 @@ async def run_write(
     no rights on the journal; the journal's statements then run as the session user, the
     write alone as ``agent_role``, still in one transaction and one round trip.
 
-    Raises :class:`KeyTaken` when ``(agent_id, key)`` is already journalled (the write was
+    ``plan_hash`` is as stored (:func:`~corral.gateway._journal.stored_plan`). Raises
+    :class:`KeyTaken` when ``(agent_id, key, plan_hash)`` is already journalled (the write was
     not run, or was rolled back), ``GatewayError("idempotency_in_progress")`` when another
     transaction holds the key for longer than ``key_wait_ms``,
     ``GatewayError("database_unavailable")`` (retry with the same key) when the connection was
@@ -213,11 +217,12 @@ async def run_write(
         row=(
             agent_id.encode(encoding),
             key.encode(encoding),
+            plan_hash.encode(encoding),
             fingerprint.encode(encoding),
             stamp.encode(encoding),
         ),
-        row_types=(wire.TEXT_OID, wire.TEXT_OID, wire.TEXT_OID, stamp_type),
-        lock=(b"%d" % journal.lock_key(agent_id, key),),
+        row_types=(wire.TEXT_OID, wire.TEXT_OID, wire.TEXT_OID, wire.TEXT_OID, stamp_type),
+        lock=(b"%d" % journal.lock_key(agent_id, key, plan_hash),),
         as_owner=[wire.constant(_AS_OWNER)] if agent_role else [],
         as_agent=[_as_role(agent_role)] if agent_role else [],
     )
@@ -264,7 +269,7 @@ class _Write:
     key: str
     key_wait_ms: int
     max_rows: int
-    row: tuple[bytes, ...]  # agent_id, key, fingerprint, now: dumped
+    row: tuple[bytes, ...]  # agent_id, key, plan_hash, fingerprint, now: dumped
     row_types: tuple[int, ...]
     lock: tuple[bytes]  # the key's advisory lock, dumped
     as_owner: list[wire.Command]  # back to the session user (empty without an agent role)
@@ -325,7 +330,9 @@ class _Write:
         """BEGIN, the key's lock, the journal check (as the owner, then back to the agent
         role, when there is one); and where the lock and the check are."""
         statements = self.statements
-        check = wire.Command(statements.check, self.row[:2], _TWO_TEXTS, None, statements.check_key)
+        check = wire.Command(
+            statements.check, self.row[:3], _THREE_TEXTS, None, statements.check_key
+        )
         if not waiting:
             try_lock = wire.Command(statements.try_lock, self.lock, _INT8, None, statements.try_key)
             head = [_BEGIN_COMMAND, try_lock, *self.as_owner]
@@ -364,10 +371,11 @@ class _Write:
         affected = max(results[-1].command_tuples or 0, 0) if results else 0
         truncated = wire.row_count(results) > self.max_rows
         stored = StoredResult(columns, kept, affected, truncated)
-        agent, key, fingerprint, now = self.row
-        values = (agent, key, fingerprint, encode_result(stored).encode(encoding), now, now)
-        stamp = self.row_types[3]
-        types = (wire.TEXT_OID, wire.TEXT_OID, wire.TEXT_OID, wire.TEXT_OID, stamp, stamp)
+        agent, key, plan, fingerprint, now = self.row
+        values = (agent, key, plan, fingerprint, encode_result(stored).encode(encoding), now, now)
+        stamp = self.row_types[4]
+        text = wire.TEXT_OID
+        types = (text, text, text, text, text, stamp, stamp)
         record = wire.Command(
             self.statements.record, values, types, None, (self.statements.record, types)
         )

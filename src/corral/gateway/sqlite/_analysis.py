@@ -14,7 +14,9 @@ from typing import Literal
 from corral.gateway._catalog import Catalog
 from corral.gateway._errors import GatewayError
 from corral.gateway._refusal import Refusal
+from corral.gateway._rows import Rows, any_of
 from corral.gateway._sql_functions import forbidden_function_reason
+from corral.gateway.sqlite._rows import Unfollowed, sqlite_rows
 from corral.gateway.sqlite._tokens import (
     ASCII_LOWER,
     OTHER,
@@ -81,6 +83,9 @@ class SqliteAnalysis:
     those it writes (none for ``EXPLAIN``). ``param_count``: the highest ``$n``/``?n``, or
     the number of bare ``?``.
     ``ctes``: the names its ``WITH`` clauses define, for the :class:`Wall` that runs it.
+    ``rows``: whether a read without its filters has rows, over catalog keys
+    (:func:`~corral.gateway.sqlite._rows.sqlite_rows`; when it cannot follow the statement,
+    any table read holding rows counts).
     ``normalized``: the statement without comments or layout, unquoted words in lower case,
     ``"x"``/``[x]`` as `` `x` ``, placeholders as ``?n``; constants kept, so two texts doing
     the same work normalise alike and two doing different work do not.
@@ -97,6 +102,7 @@ class SqliteAnalysis:
     normalized: str
     explain: bool
     ctes: frozenset[str] = frozenset()
+    rows: Rows = True
 
 
 class SqliteSqlAnalyzer:
@@ -214,19 +220,38 @@ def analyze_sqlite(
     writes = bool(wall.write_actions) or first in _WRITE_KEYWORDS
     if first == "WITH" and writes:
         statement_type = _dml_name(wall.write_actions)
+    rows: Rows = any_of(wall.reads)
+    is_filtered = _filtered(body)
+    if explain:
+        rows = True
+    elif not writes:
+        try:
+            found = sqlite_rows(body, lambda name: _key(catalog, name))
+            rows, is_filtered = found.rows, found.filtered
+        except Unfollowed:
+            pass  # the over-estimates above: any table read, any filtering keyword
     return SqliteAnalysis(
         kind="write" if writes and not explain else "read",
         statement_type=("EXPLAIN " if explain else "") + statement_type,
         tables=tuple(wall.reads),
         written=() if explain else tuple(wall.writes),
-        filtered=_filtered(body),
+        filtered=is_filtered,
         param_count=param_count,
         sql=sql,
         executable=executable,
         ctes=ctes,
         normalized=_normalized(tokens),
         explain=explain,
+        rows=rows,
     )
+
+
+def _key(catalog: Catalog, name: str) -> str | None:
+    """The catalog key of the table or view ``name`` (``main.`` allowed) names."""
+    lowered = name.lower()
+    if lowered.startswith("main."):
+        lowered = lowered[5:]
+    return lowered if lowered in catalog.tables else None
 
 
 def _filtered(tokens: list[Token]) -> bool:

@@ -14,7 +14,7 @@ from typing import Any, Literal, TypeVar
 from corral.gateway._breaker_journal import FreezeJournal, SQLiteFreezeJournal
 from corral.gateway._catalog import Catalog
 from corral.gateway._errors import GatewayError
-from corral.gateway._journal import fingerprint
+from corral.gateway._journal import fingerprint, stored_plan
 from corral.gateway._ops import compile_operation
 from corral.gateway._request import check_param_count, request_key
 from corral.gateway._result import GatewayResult
@@ -96,7 +96,8 @@ class SQLiteEngine:
         self._clock = clock
         self._executor: ThreadPoolExecutor | None = None
         self._catalog: Catalog | None = None
-        self._running: dict[tuple[str, str], str] = {}  # (agent, key) -> fingerprint
+        # (agent, key, stored plan_hash), a key's identity -> fingerprint
+        self._running: dict[tuple[str, str, str], str] = {}
         self._keys_lock = asyncio.Lock()
         self.keys_in_flight_at_open = 0
 
@@ -230,7 +231,7 @@ class SQLiteEngine:
     async def write(self, agent_id: str, key: str, planned: SQLitePlanned) -> GatewayResult:
         assert isinstance(planned.plan, WritePlan)
         fp = planned.fingerprint()
-        slot = (agent_id, key)
+        slot = (agent_id, key, stored_plan(planned.plan_hash))
         async with self._keys_lock:
             running = self._running.get(slot)
             if running is not None:
@@ -245,14 +246,21 @@ class SQLiteEngine:
             self._running[slot] = fp
         # Shielded: a cancelled caller leaves the worker thread running, so the key stays
         # taken until the thread has finished with it.
-        task = asyncio.ensure_future(self._write(planned.plan, agent_id, key, fp))
+        task = asyncio.ensure_future(self._write(planned.plan, slot, fp))
         task.add_done_callback(lambda _: self._running.pop(slot, None))
         return await asyncio.shield(task)
 
-    async def _write(self, plan: WritePlan, agent_id: str, key: str, fp: str) -> GatewayResult:
+    async def _write(self, plan: WritePlan, slot: tuple[str, str, str], fp: str) -> GatewayResult:
+        agent_id, key, plan_hash = slot
         now = self._clock.now().isoformat()
         outcome = await self.call(
-            self.file.write, plan, agent_id=agent_id, key=key, fingerprint=fp, now=now
+            self.file.write,
+            plan,
+            agent_id=agent_id,
+            key=key,
+            plan_hash=plan_hash,
+            fingerprint=fp,
+            now=now,
         )
         if isinstance(outcome, Journalled):
             return _journalled(key, fp, outcome)
@@ -274,8 +282,9 @@ class SQLiteEngine:
 def _conflict(key: str) -> GatewayError:
     return GatewayError(
         "idempotency_conflict",
-        f"idempotency key {key!r} was used for a different operation (another statement, "
-        "other parameters or another plan_hash); use a new key for new work",
+        f"idempotency key {key!r} was used for a different operation under the same "
+        "plan_hash (another statement or other parameters); use a new key, or a new "
+        "plan_hash for a new plan",
         key=key,
     )
 

@@ -14,33 +14,21 @@ from urllib.parse import quote
 from corral.gateway._catalog import Catalog
 from corral.gateway._catalog_load import load_sqlite_catalog
 from corral.gateway._errors import GatewayError, database_refusal
-from corral.gateway._journal import StoredResult, decode_result, encode_result
+from corral.gateway._journal import StoredResult, encode_result
 from corral.gateway._result import GatewayResult, unique_names
+from corral.gateway._rows import empty_warning, holds
 from corral.gateway.sqlite._analysis import (
     SqliteAnalysis,
     SqliteSqlAnalyzer,
     compile_error,
     located,
 )
+from corral.gateway.sqlite._journal import JOURNAL_TABLE, RECORD_SQL, ensure_journal, lookup
 from corral.gateway.sqlite._plan import Journalled, ReadPlan, WritePlan
 from corral.gateway.sqlite._wall import Wall, prewarm
 
 __all__ = ["JOURNAL_TABLE", "SQLiteFile"]
 
-JOURNAL_TABLE = "corral_gateway_journal"
-_JOURNAL_SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS {JOURNAL_TABLE} (
-    agent_id TEXT NOT NULL,
-    key TEXT NOT NULL,
-    fingerprint TEXT NOT NULL,
-    state TEXT NOT NULL CHECK (state IN ('in_flight', 'completed')),
-    result TEXT,
-    created_at TEXT NOT NULL,
-    completed_at TEXT,
-    PRIMARY KEY (agent_id, key)
-)
-"""
-_JOURNAL_COLUMNS = "agent_id, key, fingerprint, state, result, created_at, completed_at"
 _HIDDEN = frozenset({JOURNAL_TABLE})
 _PROGRESS_STEPS = 1000  # SQLite virtual-machine instructions between timeout checks
 _BUSY_TIMEOUT_MS = 5000
@@ -122,12 +110,15 @@ class SQLiteFile:
 
     def _create_journal(self, target: sqlite3.Connection) -> None:
         try:
-            target.execute(_JOURNAL_SCHEMA)
+            ensure_journal(target)
             self._journal_ready = True
         except sqlite3.OperationalError as exc:
             if "readonly" not in str(exc):
                 raise
             # A target that cannot be written: reads work; a write fails as it runs.
+        except GatewayError:
+            self.close()
+            raise
 
     def _in_flight(self, target: sqlite3.Connection) -> int:
         if not self._journal_ready:
@@ -228,17 +219,19 @@ class SQLiteFile:
         conn.set_progress_handler(lambda: int(self._monotonic() > deadline), _PROGRESS_STEPS)
         try:
             rows, columns = self._fetch(conn, plan, wall)
-            if (rows and not _counted_none(plan, rows)) or plan.exists_sql is None:
+            if (rows and not _counted_none(plan, rows)) or not plan.filtered:
                 return _answer(
                     rows, columns, self._max_rows, empty=not rows or _counted_none(plan, rows)
                 )
-            # Empty with a filter: rows and verdict from one snapshot.
-            conn.execute("BEGIN")
-            try:
-                rows, columns = self._fetch(conn, plan, wall)
-                flags = conn.execute(plan.exists_sql).fetchone()
-            finally:
-                conn.execute("COMMIT")
+            flags: tuple[Any, ...] = ()
+            if plan.exists_sql is not None:
+                # Empty with a filter: rows and verdict from one snapshot.
+                conn.execute("BEGIN")
+                try:
+                    rows, columns = self._fetch(conn, plan, wall)
+                    flags = tuple(conn.execute(plan.exists_sql).fetchone() or ())
+                finally:
+                    conn.execute("COMMIT")
         except sqlite3.Error as exc:
             if getattr(exc, "sqlite_errorname", "") == "SQLITE_READONLY_ROLLBACK":
                 raise
@@ -247,17 +240,11 @@ class SQLiteFile:
             conn.set_progress_handler(None, 0)
         if rows and not _counted_none(plan, rows):
             return _answer(rows, columns, self._max_rows, empty=False)
-        holding = [name for name, has in zip(plan.tables, flags or (), strict=False) if has]
-        if not holding:
+        has = {name: bool(flag) for name, flag in zip(plan.tables, flags, strict=False)}
+        suspicious, holding = holds(plan.rows, has)
+        if not suspicious:
             return _answer(rows, columns, self._max_rows, empty=True)
-        what = "counted none" if plan.count_op else "returned no rows"
-        named = ", ".join(holding)
-        verb = "holds" if len(holding) == 1 else "hold"
-        warning = (
-            f"suspiciously empty: the read {what}, but {named} {verb} rows that its "
-            "filter matched none of; a wrong value or column in the filter is more likely "
-            "than a true absence"
-        )
+        warning = empty_warning(holding, counted=plan.count_op)
         return GatewayResult(
             rows=_dicts(columns, rows),
             columns=columns,
@@ -287,32 +274,29 @@ class SQLiteFile:
 
     # --- writes -----------------------------------------------------------------------------
 
-    def lookup(self, agent_id: str, key: str) -> Journalled | None:
-        """What the journal holds for the key, or None."""
+    def lookup(self, agent_id: str, key: str, plan_hash: str = "") -> Journalled | None:
+        """What the journal holds for the key (``plan_hash`` as stored:
+        :func:`~corral.gateway._journal.stored_plan`), or None."""
         with self._write_lock:
             if not self._journal_ready:
                 return None
             try:
-                return self._lookup(self._require_target(), agent_id, key)
+                return lookup(self._require_target(), agent_id, key, plan_hash)
             except sqlite3.Error as exc:
                 raise self._mapped(exc, reading=False, wall=None) from None
 
-    @staticmethod
-    def _lookup(target: sqlite3.Connection, agent_id: str, key: str) -> Journalled | None:
-        row = target.execute(
-            f"SELECT fingerprint, state, result FROM {JOURNAL_TABLE} "
-            "WHERE agent_id = ? AND key = ?",
-            (agent_id, key),
-        ).fetchone()
-        if row is None:
-            return None
-        stored = decode_result(row[2]) if row[2] is not None else None
-        return Journalled(str(row[0]), str(row[1]), stored)
-
     def write(
-        self, plan: WritePlan, *, agent_id: str, key: str, fingerprint: str, now: str
+        self,
+        plan: WritePlan,
+        *,
+        agent_id: str,
+        key: str,
+        plan_hash: str,
+        fingerprint: str,
+        now: str,
     ) -> StoredResult | Journalled:
-        """Run the write ``plan`` journalled under ``(agent_id, key)``, in one transaction.
+        """Run the write ``plan`` journalled under ``(agent_id, key, plan_hash)`` (the plan
+        hash as stored: :func:`~corral.gateway._journal.stored_plan`), in one transaction.
 
         Returns what the journal already holds for the key (nothing ran), or the new result
         (committed with its journal row). Raises ``GatewayError`` (``constraint_violation``,
@@ -325,15 +309,14 @@ class SQLiteFile:
             try:
                 with self._transaction(target):
                     if not self._journal_ready:
-                        target.execute(_JOURNAL_SCHEMA)
-                    found = self._lookup(target, agent_id, key)
+                        ensure_journal(target)
+                    found = lookup(target, agent_id, key, plan_hash)
                     if found is not None:
                         return found
                     stored = self._apply(target, plan, wall)
                     target.execute(
-                        f"INSERT INTO {JOURNAL_TABLE} ({_JOURNAL_COLUMNS}) "
-                        "VALUES (?, ?, ?, 'completed', ?, ?, ?)",
-                        (agent_id, key, fingerprint, encode_result(stored), now, now),
+                        RECORD_SQL,
+                        (agent_id, key, plan_hash, fingerprint, encode_result(stored), now, now),
                     )
                 self._journal_ready = True
                 return stored

@@ -9,6 +9,7 @@ from typing import Any
 from corral.gateway._catalog import Catalog
 from corral.gateway._journal import StoredResult
 from corral.gateway._ops import CompiledOperation
+from corral.gateway._rows import Rows, renamed, tables
 from corral.gateway.sqlite._analysis import (
     SqliteAnalysis,
 )
@@ -27,7 +28,9 @@ class ReadPlan:
     """A read as the engine runs it.
 
     ``tables``: the catalog names ``exists_sql`` checks, one ``EXISTS`` column each;
-    ``exists_sql`` is None when an empty answer needs no verdict (no filter).
+    ``exists_sql`` is None when an empty answer needs no check (no filter, or a verdict
+    ``rows`` gives without tables). ``filtered``: whether a filter may have emptied the read;
+    ``rows``: whether the read without its filters has rows, over ``tables``.
     ``count_op``: a structured ``count``, whose zero counts as empty. ``agent_sql``: the
     statement is an agent's SQL, run with the connection's wall armed.
     """
@@ -39,6 +42,8 @@ class ReadPlan:
     count_op: bool = False
     agent_sql: bool = False
     ctes: frozenset[str] = frozenset()
+    filtered: bool = False
+    rows: Rows = True
 
     @classmethod
     def of(cls, compiled: CompiledOperation) -> ReadPlan:
@@ -48,18 +53,33 @@ class ReadPlan:
             (compiled.table,),
             compiled.exists_sql if compiled.filtered else None,
             compiled.op == "count",
+            filtered=compiled.filtered,
+            rows=compiled.table,
         )
 
     @classmethod
     def of_sql(
         cls, analysis: SqliteAnalysis, params: tuple[Any, ...], catalog: Catalog
     ) -> ReadPlan:
-        names = tuple(catalog.tables[key].name for key in analysis.tables if key in catalog.tables)
+        # Only the tables producing the rows decide an empty answer (not those of a scalar
+        # subquery or a WHERE), so only theirs are checked.
+        spelled = {key: catalog.tables[key].name for key in tables(analysis.rows)}
+        names = tuple(spelled.values())
         exists = None
         if analysis.filtered and names:
             checks = ", ".join(f"EXISTS (SELECT 1 FROM {quote_name(name)})" for name in names)
             exists = f"SELECT {checks}"
-        return cls(analysis.executable, params, names, exists, False, True, analysis.ctes)
+        return cls(
+            analysis.executable,
+            params,
+            names,
+            exists,
+            False,
+            True,
+            analysis.ctes,
+            filtered=analysis.filtered,
+            rows=renamed(analysis.rows, spelled),
+        )
 
 
 @dataclass(frozen=True, slots=True)
