@@ -30,6 +30,7 @@ CODES: dict[str, bool] = {
     "agent_frozen": False,
     "pool_exhausted": True,
     "statement_timeout": True,
+    "result_too_large": False,
     "invalid_data": False,
     "constraint_violation": False,
     "transaction_conflict": True,
