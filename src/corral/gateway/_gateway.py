@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from corral.gateway._bounds import DEFAULT_MAX_BYTES, DEFAULT_REPLAY_CACHE_BYTES
 from corral.gateway._breaker import Breakers
 from corral.gateway._breaker_records import (
     BreakerPolicy,
@@ -98,6 +99,7 @@ class Gateway:
         *,
         statement_timeout_s: float = 5,
         max_rows: int = 1000,
+        max_bytes: int = DEFAULT_MAX_BYTES,
         clock: Clock = SYSTEM_CLOCK,
         breaker: BreakerPolicy | None = _DEFAULT_BREAKER,
         observe: ObserveHook | None = None,
@@ -111,6 +113,7 @@ class Gateway:
         catalog_refresh_s: float | _Unset = _UNSET,
         catalog_max_age_s: float | _Unset | None = _UNSET,
         replay_cache_size: int | _Unset = _UNSET,
+        replay_cache_bytes: int | _Unset = _UNSET,
         journal_path: str | Path | _Unset | None = _UNSET,
     ) -> Connector[Gateway]:
         """A gateway to the database ``dsn`` names, opened when awaited or entered.
@@ -138,6 +141,7 @@ class Gateway:
                 catalog_refresh_s=catalog_refresh_s,
                 catalog_max_age_s=catalog_max_age_s,
                 replay_cache_size=replay_cache_size,
+                replay_cache_bytes=replay_cache_bytes,
             )
             engine = sqlite_engine(
                 where,
@@ -145,6 +149,7 @@ class Gateway:
                 journal_path=None if journal_path is _UNSET else journal_path,
                 statement_timeout_s=statement_timeout_s,
                 max_rows=max_rows,
+                max_bytes=max_bytes,
                 clock=clock,
             )
         else:
@@ -162,6 +167,12 @@ class Gateway:
                 catalog_refresh_s=1.0 if catalog_refresh_s is _UNSET else catalog_refresh_s,
                 catalog_max_age_s=60.0 if catalog_max_age_s is _UNSET else catalog_max_age_s,
                 replay_cache_size=4096 if replay_cache_size is _UNSET else replay_cache_size,
+                max_bytes=max_bytes,
+                replay_cache_bytes=(
+                    DEFAULT_REPLAY_CACHE_BYTES
+                    if replay_cache_bytes is _UNSET
+                    else replay_cache_bytes
+                ),
             )
             options.check(where)
             engine = PostgresEngine(options)

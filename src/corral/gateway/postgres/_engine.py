@@ -15,6 +15,7 @@ from corral.gateway._catalog import Catalog
 from corral.gateway._errors import GatewayError
 from corral.gateway._result import GatewayResult
 from corral.gateway.postgres._catalog import CatalogKeeper
+from corral.gateway.postgres._deadline import deadline
 from corral.gateway.postgres._execute import map_error, run_read
 from corral.gateway.postgres._journal import JournalName, check_identifier
 from corral.gateway.postgres._keys import KeyedWrites
@@ -45,6 +46,8 @@ class PostgresOptions:
     catalog_refresh_s: float
     catalog_max_age_s: float | None
     replay_cache_size: int
+    max_bytes: int
+    replay_cache_bytes: int
 
     def check(self, where: str) -> None:
         """Raise ``InvalidArgumentError`` naming the first bad option."""
@@ -65,6 +68,8 @@ class PostgresOptions:
         v.non_negative_number(where, "catalog_refresh_s", self.catalog_refresh_s)
         v.positive_number(where, "catalog_max_age_s", self.catalog_max_age_s, optional=True)
         v.non_negative_int(where, "replay_cache_size", self.replay_cache_size)
+        v.positive_int(where, "max_bytes", self.max_bytes)
+        v.non_negative_int(where, "replay_cache_bytes", self.replay_cache_bytes)
 
 
 class PostgresEngine:
@@ -108,8 +113,10 @@ class PostgresEngine:
             clock=options.clock,
             key_wait_s=options.key_wait_s,
             max_rows=options.max_rows,
+            max_bytes=options.max_bytes,
             statement_timeout_s=options.statement_timeout_s,
             replay_cache_size=options.replay_cache_size,
+            replay_cache_bytes=options.replay_cache_bytes,
         )
         # Bound once: called by every request.
         self.refresh_if_old = self._keeper.refresh_if_old
@@ -162,11 +169,14 @@ class PostgresEngine:
         return plan_request(request, catalog)
 
     async def read(self, agent_id: str, planned: Planned) -> GatewayResult:
-        async with self.pools.lease(agent_id) as lease:
+        options = self._options
+        timeout_s = options.statement_timeout_s
+        async with self.pools.lease(agent_id) as lease, deadline(lease, timeout_s):
             try:
-                return await run_read(lease, planned.plan, max_rows=self._options.max_rows)
+                return await run_read(
+                    lease, planned.plan, max_rows=options.max_rows, max_bytes=options.max_bytes
+                )
             except psycopg.Error as exc:
-                timeout_s = self._options.statement_timeout_s
                 raise map_error(exc, lease, statement_timeout_s=timeout_s) from None
 
     async def write(self, agent_id: str, key: str, planned: Planned) -> GatewayResult:
