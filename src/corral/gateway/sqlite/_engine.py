@@ -108,6 +108,8 @@ class SQLiteEngine:
         self._running: dict[tuple[str, str], str] = {}  # (agent, key) -> fingerprint
         self._keys_lock = asyncio.Lock()
         self.keys_in_flight_at_open = 0
+        # Statements a request stopped waiting for, still running on their worker threads.
+        self._abandoned: set[asyncio.Future[Any]] = set()
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         if self._executor is None:
@@ -137,6 +139,8 @@ class SQLiteEngine:
             timer.cancel()
         if future.done():
             return future.result()
+        self._abandoned.add(future)
+        future.add_done_callback(self._abandoned.discard)
         future.add_done_callback(_retrieved)
         raise timed_out(self._timeout_s, writing=key is not None, key=key)
 
@@ -171,6 +175,9 @@ class SQLiteEngine:
         if executor is None:
             return
         try:
+            if self._abandoned:
+                # A connection is closed only once no thread runs a statement on it.
+                await asyncio.wait(set(self._abandoned))
             await asyncio.get_running_loop().run_in_executor(executor, self.file.close)
         finally:
             self._executor = None
