@@ -8,18 +8,16 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import AsyncIterator
 
 import psycopg
 
 from corral.gateway._bounds import timeout_margin_s
 from corral.gateway.postgres._pools import Lease
 
-__all__ = ["deadline"]
+__all__ = ["Deadline"]
 
 
-@contextlib.asynccontextmanager
-async def deadline(lease: Lease, timeout_s: float) -> AsyncIterator[None]:
+class Deadline:
     """Bound the block's work on ``lease`` to ``timeout_s`` plus the margin
     (:func:`~corral.gateway._bounds.timeout_margin_s`), on the event loop's clock.
 
@@ -28,31 +26,41 @@ async def deadline(lease: Lease, timeout_s: float) -> AsyncIterator[None]:
     down, so whatever awaits the server fails at once with a psycopg error, and the lease is
     marked ``timed_out`` (:func:`~._execute.map_error` answers ``statement_timeout``) and
     ``discard``. A lease a cancel was sent for is discarded too: the cancel could otherwise
-    reach the connection's next statement.
+    reach the connection's next statement. A class, not a generator: every read enters one.
     """
-    loop = asyncio.get_running_loop()
-    margin = timeout_margin_s(timeout_s)
-    cancels: list[asyncio.Task[None]] = []
-    # One timer per request (the read path pays for it): the cut is armed by the cancel.
-    timer: asyncio.TimerHandle | None = None
 
-    def cut() -> None:
+    __slots__ = ("_cancels", "_lease", "_loop", "_margin", "_timeout_s", "_timer")
+
+    def __init__(self, lease: Lease, timeout_s: float) -> None:
+        self._lease = lease
+        self._timeout_s = timeout_s
+        self._margin = timeout_margin_s(timeout_s)
+        self._cancels: list[asyncio.Task[None]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def __aenter__(self) -> None:
+        loop = self._loop = asyncio.get_running_loop()
+        # One timer per request: the cut is armed by the cancel.
+        self._timer = loop.call_later(self._timeout_s + self._margin / 2, self._cancel)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        for task in self._cancels:
+            task.cancel()
+
+    def _cancel(self) -> None:
+        lease, loop = self._lease, self._loop
+        assert loop is not None
+        lease.discard = True
+        self._cancels.append(loop.create_task(_cancel(lease, self._margin)))
+        self._timer = loop.call_later(self._margin / 2, self._cut)
+
+    def _cut(self) -> None:
+        lease = self._lease
         lease.timed_out = lease.discard = True
         _shut_down(lease.conn)
-
-    def cancel() -> None:
-        nonlocal timer
-        lease.discard = True
-        cancels.append(loop.create_task(_cancel(lease, margin)))
-        timer = loop.call_later(margin / 2, cut)
-
-    timer = loop.call_later(timeout_s + margin / 2, cancel)
-    try:
-        yield
-    finally:
-        timer.cancel()
-        for task in cancels:
-            task.cancel()
 
 
 async def _cancel(lease: Lease, timeout_s: float) -> None:

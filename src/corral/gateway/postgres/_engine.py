@@ -15,7 +15,7 @@ from corral.gateway._catalog import Catalog
 from corral.gateway._errors import GatewayError
 from corral.gateway._result import GatewayResult
 from corral.gateway.postgres._catalog import CatalogKeeper
-from corral.gateway.postgres._deadline import deadline
+from corral.gateway.postgres._deadline import Deadline
 from corral.gateway.postgres._execute import map_error, run_read
 from corral.gateway.postgres._journal import JournalName, check_identifier
 from corral.gateway.postgres._keys import KeyedWrites
@@ -171,7 +171,7 @@ class PostgresEngine:
     async def read(self, agent_id: str, planned: Planned) -> GatewayResult:
         options = self._options
         timeout_s = options.statement_timeout_s
-        async with self.pools.lease(agent_id) as lease, deadline(lease, timeout_s):
+        async with self.pools.lease(agent_id) as lease, Deadline(lease, timeout_s):
             try:
                 return await run_read(
                     lease, planned.plan, max_rows=options.max_rows, max_bytes=options.max_bytes

@@ -15,7 +15,7 @@ from corral.gateway._bounds import rows_bytes
 from corral.gateway._errors import GatewayError
 from corral.gateway._journal import StoredResult, decode_result
 from corral.gateway._result import GatewayResult
-from corral.gateway.postgres._deadline import deadline
+from corral.gateway.postgres._deadline import Deadline
 from corral.gateway.postgres._execute import Plan, map_error
 from corral.gateway.postgres._journal import JournalName
 from corral.gateway.postgres._pools import AgentPools, Lease
@@ -85,7 +85,7 @@ class KeyedWrites:
         self._inflight[slot] = _InFlight(fingerprint, done)
         try:
             timeout_s = self._statement_timeout_s
-            async with self._pools.lease(agent_id) as lease, deadline(lease, timeout_s):
+            async with self._pools.lease(agent_id) as lease, Deadline(lease, timeout_s):
                 return await self._claim_and_run(lease, slot, fingerprint, plan)
         finally:
             del self._inflight[slot]

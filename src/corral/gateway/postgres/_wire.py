@@ -205,14 +205,15 @@ class Fetched:
 def _result_bytes(result: PGresult) -> int:
     # psycopg gives a value's bytes, not its length alone: the copy is freed at once.
     value = result.get_value
-    total = 0
     columns = range(result.nfields)
-    for row in range(result.ntuples):
-        for column in columns:
-            data = value(row, column)
-            if data is not None:
-                total += len(data)
-    return total
+    if result.ntuples == 1:  # row by row, as bytes are capped: the common case, inlined
+        return sum(len(data) for column in columns if (data := value(0, column)) is not None)
+    return sum(
+        len(data)
+        for row in range(result.ntuples)
+        for column in columns
+        if (data := value(row, column)) is not None
+    )
 
 
 def _exchange(
