@@ -15,7 +15,7 @@ from corral.gateway._catalog import Catalog
 from corral.gateway._errors import GatewayError
 from corral.gateway._result import GatewayResult
 from corral.gateway.postgres._catalog import CatalogKeeper
-from corral.gateway.postgres._deadline import Deadline
+from corral.gateway.postgres._deadline import Watchdog
 from corral.gateway.postgres._execute import map_error, run_read
 from corral.gateway.postgres._journal import JournalName, check_identifier
 from corral.gateway.postgres._keys import KeyedWrites
@@ -107,8 +107,10 @@ class PostgresEngine:
             connect_timeout_s=options.connect_timeout_s,
             connect_kwargs={**connect_kwargs, "options": session.strip()},
         )
+        self._watchdog = Watchdog(options.statement_timeout_s)
         self._writes = KeyedWrites(
             self.pools,
+            watchdog=self._watchdog,
             journal=journal,
             clock=options.clock,
             key_wait_s=options.key_wait_s,
@@ -149,6 +151,7 @@ class PostgresEngine:
     async def close(self) -> None:
         try:
             await self.pools.close()
+            self._watchdog.close()
         finally:
             await self._keeper.close()
 
@@ -171,13 +174,17 @@ class PostgresEngine:
     async def read(self, agent_id: str, planned: Planned) -> GatewayResult:
         options = self._options
         timeout_s = options.statement_timeout_s
-        async with self.pools.lease(agent_id) as lease, Deadline(lease, timeout_s):
+        watchdog = self._watchdog
+        async with self.pools.lease(agent_id) as lease:
+            watchdog.watch(lease)
             try:
                 return await run_read(
                     lease, planned.plan, max_rows=options.max_rows, max_bytes=options.max_bytes
                 )
             except psycopg.Error as exc:
                 raise map_error(exc, lease, statement_timeout_s=timeout_s) from None
+            finally:
+                watchdog.release(lease)
 
     async def write(self, agent_id: str, key: str, planned: Planned) -> GatewayResult:
         return await self._writes.run(agent_id, key, planned.fingerprint(), planned.plan)

@@ -15,7 +15,7 @@ from corral.gateway._bounds import rows_bytes
 from corral.gateway._errors import GatewayError
 from corral.gateway._journal import StoredResult, decode_result
 from corral.gateway._result import GatewayResult
-from corral.gateway.postgres._deadline import Deadline
+from corral.gateway.postgres._deadline import Watchdog
 from corral.gateway.postgres._execute import Plan, map_error
 from corral.gateway.postgres._journal import JournalName
 from corral.gateway.postgres._pools import AgentPools, Lease
@@ -41,6 +41,7 @@ class KeyedWrites:
         self,
         pools: AgentPools,
         *,
+        watchdog: Watchdog,
         journal: JournalName,
         clock: Clock,
         key_wait_s: float,
@@ -51,6 +52,7 @@ class KeyedWrites:
         replay_cache_bytes: int,
     ) -> None:
         self._pools = pools
+        self._watchdog = watchdog
         self._journal = journal
         self._clock = clock
         self._key_wait_s = key_wait_s
@@ -84,9 +86,12 @@ class KeyedWrites:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._inflight[slot] = _InFlight(fingerprint, done)
         try:
-            timeout_s = self._statement_timeout_s
-            async with self._pools.lease(agent_id) as lease, Deadline(lease, timeout_s):
-                return await self._claim_and_run(lease, slot, fingerprint, plan)
+            async with self._pools.lease(agent_id) as lease:
+                self._watchdog.watch(lease)
+                try:
+                    return await self._claim_and_run(lease, slot, fingerprint, plan)
+                finally:
+                    self._watchdog.release(lease)
         finally:
             del self._inflight[slot]
             done.set_result(None)
