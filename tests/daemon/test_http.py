@@ -881,7 +881,7 @@ def test_every_gateway_code_answers_with_its_status() -> None:
         "read_only_violation invalid_data statement_too_complex",
         408: "statement_timeout",
         409: "idempotency_in_progress outcome_unknown constraint_violation transaction_conflict",
-        422: "idempotency_conflict",
+        422: "idempotency_conflict result_too_large",
         423: "agent_frozen",
         429: "pool_exhausted analysis_busy",
         500: "database_error analysis_error",

@@ -144,6 +144,7 @@ def test_every_gateway_code_has_a_documented_signal() -> None:
         "constraint_violation",
         "transaction_conflict",
         "statement_timeout",
+        "result_too_large",
         "read_only_violation",
     }
     refusals = {

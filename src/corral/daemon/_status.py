@@ -50,6 +50,7 @@ STATUS: dict[str, int] = {
     "read_only_violation": 400,
     "invalid_data": 400,
     "statement_timeout": 408,
+    "result_too_large": 422,
     "idempotency_in_progress": 409,
     "outcome_unknown": 409,
     "constraint_violation": 409,

@@ -34,6 +34,7 @@ _ERRORS = (
     "constraint_violation",
     "transaction_conflict",
     "statement_timeout",
+    "result_too_large",
     "read_only_violation",
 )
 _REFUSALS = (

@@ -29,6 +29,7 @@ CODES: dict[str, bool] = {
     "analysis_busy": True,
     "analysis_error": False,
     "statement_timeout": True,
+    "result_too_large": False,
     "invalid_data": False,
     "constraint_violation": False,
     "transaction_conflict": True,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from corral.gateway._bounds import DEFAULT_MAX_BYTES, DEFAULT_REPLAY_CACHE_BYTES
 from corral.gateway._breaker import Breakers
 from corral.gateway._breaker_records import (
     BreakerPolicy,
@@ -128,6 +129,7 @@ class Gateway:
         *,
         statement_timeout_s: float = 5,
         max_rows: int = 1000,
+        max_bytes: int = DEFAULT_MAX_BYTES,
         clock: Clock = SYSTEM_CLOCK,
         breaker: BreakerPolicy | None = _DEFAULT_BREAKER,
         observe: ObserveHook | None = None,
@@ -143,6 +145,7 @@ class Gateway:
         catalog_max_age_s: float | _Unset | None = _UNSET,
         replay_cache_size: int | _Unset = _UNSET,
         agent_role: str | _Unset | None = _UNSET,
+        replay_cache_bytes: int | _Unset = _UNSET,
         journal_path: str | Path | _Unset | None = _UNSET,
     ) -> Connector[Gateway]:
         """A gateway to the database ``dsn`` names, opened when awaited or entered.
@@ -171,6 +174,7 @@ class Gateway:
                 catalog_max_age_s=catalog_max_age_s,
                 replay_cache_size=replay_cache_size,
                 agent_role=agent_role,
+                replay_cache_bytes=replay_cache_bytes,
             )
             engine = sqlite_engine(
                 where,
@@ -178,6 +182,7 @@ class Gateway:
                 journal_path=None if journal_path is _UNSET else journal_path,
                 statement_timeout_s=statement_timeout_s,
                 max_rows=max_rows,
+                max_bytes=max_bytes,
                 clock=clock,
             )
         else:
@@ -196,6 +201,12 @@ class Gateway:
                 catalog_max_age_s=60.0 if catalog_max_age_s is _UNSET else catalog_max_age_s,
                 replay_cache_size=4096 if replay_cache_size is _UNSET else replay_cache_size,
                 agent_role=None if agent_role is _UNSET else agent_role,
+                max_bytes=max_bytes,
+                replay_cache_bytes=(
+                    DEFAULT_REPLAY_CACHE_BYTES
+                    if replay_cache_bytes is _UNSET
+                    else replay_cache_bytes
+                ),
             )
             options.check(where)
             engine = PostgresEngine(options)

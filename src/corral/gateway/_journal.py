@@ -75,10 +75,14 @@ _FINGERPRINT_JSON = json.JSONEncoder(
 
 @dataclass(frozen=True, slots=True)
 class StoredResult:
+    """A write's result as journalled; ``warnings`` say why it was ``truncated`` (the byte
+    cap), so a replay says it too."""
+
     columns: tuple[str, ...]
     rows: list[dict[str, Any]]
     row_count: int
     truncated: bool
+    warnings: tuple[str, ...] = ()
 
 
 def encode_result(result: StoredResult) -> str:
@@ -95,6 +99,8 @@ def encode_result(result: StoredResult) -> str:
         "row_count": result.row_count,
         "truncated": result.truncated,
     }
+    if result.warnings:
+        payload["warnings"] = list(result.warnings)
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
@@ -103,7 +109,8 @@ def decode_result(payload: Any) -> StoredResult:
     data = json.loads(payload) if isinstance(payload, str | bytes) else payload
     columns = tuple(str(c) for c in data["columns"])
     rows = [dict(zip(columns, (_decode(v) for v in row), strict=True)) for row in data["rows"]]
-    return StoredResult(columns, rows, int(data["row_count"]), bool(data["truncated"]))
+    warnings = tuple(str(w) for w in data.get("warnings") or ())
+    return StoredResult(columns, rows, int(data["row_count"]), bool(data["truncated"]), warnings)
 
 
 def _encode(value: Any) -> Any:

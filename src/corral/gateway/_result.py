@@ -22,7 +22,8 @@ class GatewayResult:
     ``genuinely_empty`` when the tables it read hold no rows (or it had no filter),
     ``suspiciously_empty`` when they hold rows its filter matched none of (``warnings``
     then says which). ``truncated``: more rows than the gateway's ``max_rows`` existed and
-    only the first ``max_rows`` are in ``rows``.
+    only the first ``max_rows`` are in ``rows``, or the next row would have passed its
+    ``max_bytes`` (``warnings`` then says so) and only the rows before it are.
     """
 
     rows: list[dict[str, Any]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from corral.gateway._bounds import DEFAULT_MAX_BYTES
 from corral.gateway._breaker_records import BreakerPolicy
 from corral.gateway._connector import Connector
 from corral.gateway._gateway import DEFAULT_MAX_STATEMENT_CHARS, Gateway, OnFreezeHook
@@ -28,6 +29,7 @@ class SQLiteGateway(Gateway):
         journal_path: str | Path | None = None,
         statement_timeout_s: float = 5,
         max_rows: int = 1000,
+        max_bytes: int = DEFAULT_MAX_BYTES,
         breaker: BreakerPolicy | None = _DEFAULT_BREAKER,
         clock: Clock = SYSTEM_CLOCK,
         on_freeze: OnFreezeHook | None = None,
@@ -48,6 +50,7 @@ class SQLiteGateway(Gateway):
             journal_path=journal_path,
             statement_timeout_s=statement_timeout_s,
             max_rows=max_rows,
+            max_bytes=max_bytes,
             clock=clock,
         )
         hooks = cls._hooks_of(where, clock, breaker, None, None, on_freeze, max_statement_chars)

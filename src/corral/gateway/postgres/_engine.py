@@ -18,6 +18,7 @@ from corral.gateway._errors import GatewayError
 from corral.gateway._parse_threads import INLINE_CHARS, off_loop
 from corral.gateway._result import GatewayResult
 from corral.gateway.postgres._catalog import CatalogKeeper
+from corral.gateway.postgres._deadline import Watchdog
 from corral.gateway.postgres._execute import map_error, run_read
 from corral.gateway.postgres._journal import JournalName, check_identifier
 from corral.gateway.postgres._keys import KeyedWrites
@@ -49,6 +50,8 @@ class PostgresOptions:
     catalog_refresh_s: float
     catalog_max_age_s: float | None
     replay_cache_size: int
+    max_bytes: int
+    replay_cache_bytes: int
     agent_role: str | None = None
 
     def check(self, where: str) -> None:
@@ -72,6 +75,8 @@ class PostgresOptions:
         v.non_negative_int(where, "replay_cache_size", self.replay_cache_size)
         if self.agent_role is not None:
             check_identifier(where, "agent_role", self.agent_role)
+        v.positive_int(where, "max_bytes", self.max_bytes)
+        v.non_negative_int(where, "replay_cache_bytes", self.replay_cache_bytes)
 
 
 class PostgresEngine:
@@ -113,15 +118,19 @@ class PostgresEngine:
             connect_timeout_s=options.connect_timeout_s,
             connect_kwargs={**connect_kwargs, "options": session.strip()},
         )
+        self._watchdog = Watchdog(options.statement_timeout_s)
         self._writes = KeyedWrites(
             self.pools,
+            watchdog=self._watchdog,
             journal=journal,
             clock=options.clock,
             key_wait_s=options.key_wait_s,
             max_rows=options.max_rows,
+            max_bytes=options.max_bytes,
             statement_timeout_s=options.statement_timeout_s,
             replay_cache_size=options.replay_cache_size,
             agent_role=options.agent_role,
+            replay_cache_bytes=options.replay_cache_bytes,
         )
         # Bound once: called by every request.
         self.refresh_if_old = self._keeper.refresh_if_old
@@ -154,6 +163,7 @@ class PostgresEngine:
     async def close(self) -> None:
         try:
             await self.pools.close()
+            self._watchdog.close()
         finally:
             await self._keeper.close()
 
@@ -180,12 +190,19 @@ class PostgresEngine:
         return plan_request(request, catalog)
 
     async def read(self, agent_id: str, planned: Planned) -> GatewayResult:
+        options = self._options
+        timeout_s = options.statement_timeout_s
+        watchdog = self._watchdog
         async with self.pools.lease(agent_id) as lease:
+            watchdog.watch(lease)
             try:
-                return await run_read(lease, planned.plan, max_rows=self._options.max_rows)
+                return await run_read(
+                    lease, planned.plan, max_rows=options.max_rows, max_bytes=options.max_bytes
+                )
             except psycopg.Error as exc:
-                timeout_s = self._options.statement_timeout_s
                 raise map_error(exc, lease, statement_timeout_s=timeout_s) from None
+            finally:
+                watchdog.release(lease)
 
     async def write(self, agent_id: str, key: str, planned: Planned) -> GatewayResult:
         return await self._writes.run(

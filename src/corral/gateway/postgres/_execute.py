@@ -10,6 +10,7 @@ from typing import Any, Literal
 import psycopg
 from psycopg import AsyncRawCursor, adapt
 
+from corral.gateway._bounds import bytes_warning, row_bytes, timed_out, too_large
 from corral.gateway._errors import GatewayError, database_refusal, sqlstate_code
 from corral.gateway._result import GatewayResult, unique_names
 from corral.gateway._rows import Rows, empty_warning, holds
@@ -72,37 +73,51 @@ def _counted_none(plan: Plan, rows: Sequence[Sequence[Any]]) -> bool:
     return plan.count_op and len(rows) == 1 and rows[0][0] == 0
 
 
-async def run_read(lease: Lease, plan: Plan, *, max_rows: int) -> GatewayResult:
+async def run_read(lease: Lease, plan: Plan, *, max_rows: int, max_bytes: int) -> GatewayResult:
     """Run the read ``plan`` in one round trip (an empty filtered answer: once more, with its
-    EXISTS checks, in one snapshot). psycopg errors propagate."""
+    EXISTS checks, in one snapshot), keeping at most ``max_rows`` rows and ``max_bytes``
+    bytes; raises ``GatewayError("result_too_large")`` when the first row alone passes
+    ``max_bytes``. psycopg errors propagate."""
     conn = lease.conn
     if conn.pgconn.parameter_status(b"default_transaction_read_only") != b"on":
         # The session default was changed (or is not reported): never trust this session.
         lease.discard = True
-        return await _read_in_snapshot(lease, plan, max_rows=max_rows)
+        return await _read_in_snapshot(lease, plan, max_rows=max_rows, max_bytes=max_bytes)
     tx = adapt.Transformer(conn)
     encoding = wire.statements_of(conn).encoding
     command = wire.command(tx, wire.encoded(plan.sql, plan.raw, encoding), plan_params(plan))
-    groups, truncated = await wire.run_pipeline(lease, [command], limit=max_rows)
+    groups, fetched = await wire.run_pipeline(lease, [command], limit=max_rows, max_bytes=max_bytes)
     error = wire.error_in(groups[0], lease)
     if error is not None and wire.stale_plan(error, lease):
-        groups, truncated = await wire.run_pipeline(lease, [command], limit=max_rows)
+        groups, fetched = await wire.run_pipeline(
+            lease, [command], limit=max_rows, max_bytes=max_bytes
+        )
         error = wire.error_in(groups[0], lease)
     if error is not None:
         raise error
     results = groups[0]
     described = wire.described(results)
+    if fetched.cut == "bytes" and (described is None or wire.row_count(results) == 0):
+        raise too_large(max_bytes, fetched.over)
     if described is None or wire.row_count(results) == 0:
         # The verdict on an empty answer needs one snapshot for the rows and the EXISTS.
-        return await _read_in_snapshot(lease, plan, max_rows=max_rows)
+        return await _read_in_snapshot(lease, plan, max_rows=max_rows, max_bytes=max_bytes)
     columns = wire.column_names(described, encoding)
     rows = wire.load_rows(tx, results, columns, max_rows)
     if plan.count_op and len(rows) == 1 and next(iter(rows[0].values())) == 0:
-        return await _read_in_snapshot(lease, plan, max_rows=max_rows)
+        return await _read_in_snapshot(lease, plan, max_rows=max_rows, max_bytes=max_bytes)
+    if fetched.cut == "bytes":
+        warning = bytes_warning(max_bytes, len(rows), fetched.bytes)
+        return GatewayResult(
+            rows=rows, columns=columns, row_count=len(rows), truncated=True, warnings=(warning,)
+        )
+    truncated = fetched.cut == "rows"
     return GatewayResult(rows=rows, columns=columns, row_count=len(rows), truncated=truncated)
 
 
-async def _read_in_snapshot(lease: Lease, plan: Plan, *, max_rows: int) -> GatewayResult:
+async def _read_in_snapshot(
+    lease: Lease, plan: Plan, *, max_rows: int, max_bytes: int
+) -> GatewayResult:
     conn = lease.conn
     checks = plan.exists if plan.filtered else ()
     begin, declare, main = conn.cursor(), _cursor(conn, plan.raw), conn.cursor()
@@ -134,9 +149,24 @@ async def _read_in_snapshot(lease: Lease, plan: Plan, *, max_rows: int) -> Gatew
     columns = _columns(main.description)
     truncated = len(rows) > max_rows
     rows = rows[:max_rows]
+    # This path is taken when the first read found no rows (or its session is in doubt):
+    # rows that arrived since are capped here, once loaded, as the first read caps them.
+    kept, size = _within(rows, max_bytes)
+    warnings: tuple[str, ...] = ()
+    if kept < len(rows):
+        if kept == 0:
+            raise too_large(max_bytes, row_bytes(rows[0]))
+        rows, truncated = rows[:kept], True
+        warnings = (bytes_warning(max_bytes, kept, size),)
     result = _dicts(columns, rows)
     if rows and not _counted_none(plan, rows):
-        return GatewayResult(rows=result, columns=columns, row_count=len(rows), truncated=truncated)
+        return GatewayResult(
+            rows=result,
+            columns=columns,
+            row_count=len(rows),
+            truncated=truncated,
+            warnings=warnings,
+        )
     suspicious = False
     holding: tuple[str, ...] = ()
     if plan.filtered:
@@ -157,6 +187,17 @@ async def _read_in_snapshot(lease: Lease, plan: Plan, *, max_rows: int) -> Gatew
     )
 
 
+def _within(rows: Sequence[Sequence[Any]], max_bytes: int) -> tuple[int, int]:
+    """How many of ``rows`` fit in ``max_bytes``, and their bytes."""
+    total = 0
+    for index, values in enumerate(rows):
+        size = row_bytes(values)
+        if total + size > max_bytes:
+            return index, total
+        total += size
+    return len(rows), total
+
+
 def map_error(
     exc: Exception, lease: Lease | None, *, statement_timeout_s: float, reading: bool = True
 ) -> GatewayError:
@@ -174,6 +215,8 @@ def map_error(
     """
     if isinstance(exc, GatewayError):
         return exc
+    if lease is not None and lease.timed_out:
+        return timed_out(statement_timeout_s, writing=not reading)
     if lease is not None and lease.drained:
         return GatewayError(
             "database_unavailable",

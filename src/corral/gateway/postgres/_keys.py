@@ -11,16 +11,18 @@ from typing import Any
 
 import psycopg
 
+from corral.gateway._bounds import rows_bytes
 from corral.gateway._errors import GatewayError
 from corral.gateway._journal import StoredResult, decode_result, stored_plan
 from corral.gateway._result import GatewayResult
+from corral.gateway.postgres._deadline import Watchdog
 from corral.gateway.postgres._execute import Plan, map_error
 from corral.gateway.postgres._journal import JournalName
 from corral.gateway.postgres._pools import AgentPools, Lease
 from corral.gateway.postgres._write import KeyTaken, run_write
 from corral.kernel import Clock
 
-__all__ = ["KeyedWrites"]
+__all__ = ["KeyedWrites", "ReplayCache"]
 
 _Slot = tuple[str, str, str]  # agent_id, key, stored plan_hash: a key's identity
 
@@ -39,25 +41,29 @@ class KeyedWrites:
         self,
         pools: AgentPools,
         *,
+        watchdog: Watchdog,
         journal: JournalName,
         clock: Clock,
         key_wait_s: float,
         max_rows: int,
+        max_bytes: int,
         statement_timeout_s: float,
         replay_cache_size: int,
+        replay_cache_bytes: int,
         agent_role: str | None = None,
     ) -> None:
         self._pools = pools
+        self._watchdog = watchdog
         self._agent_role = agent_role
         self._journal = journal
         self._clock = clock
         self._key_wait_s = key_wait_s
         self._key_wait_ms = max(1, math.ceil(key_wait_s * 1000))
         self._max_rows = max_rows
+        self._max_bytes = max_bytes
         self._statement_timeout_s = statement_timeout_s
-        self._cache_size = replay_cache_size
         self._inflight: dict[_Slot, _InFlight] = {}
-        self._replays: OrderedDict[_Slot, tuple[str, StoredResult]] = OrderedDict()
+        self.replays = ReplayCache(replay_cache_size, replay_cache_bytes)
 
     async def run(
         self, agent_id: str, key: str, plan_hash: str | None, fingerprint: str, plan: Plan
@@ -66,9 +72,8 @@ class KeyedWrites:
         ``GatewayError``."""
         slot = (agent_id, key, stored_plan(plan_hash))
         while True:
-            cached = self._replays.get(slot)
+            cached = self.replays.get(slot)
             if cached is not None:
-                self._replays.move_to_end(slot)
                 return _replay(key, fingerprint, *cached)
             running = self._inflight.get(slot)
             if running is None:
@@ -87,7 +92,11 @@ class KeyedWrites:
         self._inflight[slot] = _InFlight(fingerprint, done)
         try:
             async with self._pools.lease(agent_id) as lease:
-                return await self._claim_and_run(lease, slot, fingerprint, plan)
+                self._watchdog.watch(lease)
+                try:
+                    return await self._claim_and_run(lease, slot, fingerprint, plan)
+                finally:
+                    self._watchdog.release(lease)
         finally:
             del self._inflight[slot]
             done.set_result(None)
@@ -110,6 +119,7 @@ class KeyedWrites:
                     key_wait_ms=self._key_wait_ms,
                     max_rows=self._max_rows,
                     agent_role=self._agent_role,
+                    max_bytes=self._max_bytes,
                 )
             except KeyTaken:
                 entry = await self._lookup(lease, slot)
@@ -119,7 +129,7 @@ class KeyedWrites:
             except psycopg.Error as exc:
                 timeout_s = self._statement_timeout_s
                 raise map_error(exc, lease, statement_timeout_s=timeout_s, reading=False) from None
-            self._remember(slot, fingerprint, stored)
+            self.replays.put(slot, fingerprint, stored)
             return result
         raise GatewayError(
             "idempotency_in_progress",
@@ -156,16 +166,8 @@ class KeyedWrites:
                 key=key,
             )
         stored = decode_result(payload)
-        self._remember(slot, stored_fp, stored)
+        self.replays.put(slot, stored_fp, stored)
         return _replay(key, fingerprint, stored_fp, stored)
-
-    def _remember(self, slot: _Slot, fingerprint: str, stored: StoredResult) -> None:
-        if self._cache_size == 0:
-            return
-        self._replays[slot] = (fingerprint, stored)
-        self._replays.move_to_end(slot)
-        while len(self._replays) > self._cache_size:
-            self._replays.popitem(last=False)
 
     async def _wait(self, future: asyncio.Future[None], seconds: float) -> bool:
         """Wait for ``future`` at most ``seconds`` of the clock; whether it is done."""
@@ -187,6 +189,43 @@ class KeyedWrites:
         return future.done()
 
 
+class ReplayCache:
+    """Completed keys' results, least recently used first, bounded both in entries
+    (``size``) and in the bytes of their values (``max_bytes``, see
+    :func:`~corral.gateway._bounds.rows_bytes`). A result larger than ``max_bytes`` is not
+    kept: its replay reads the journal."""
+
+    def __init__(self, size: int, max_bytes: int) -> None:
+        self.size = size
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._entries: OrderedDict[_Slot, tuple[str, StoredResult, int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, slot: _Slot) -> tuple[str, StoredResult] | None:
+        entry = self._entries.get(slot)
+        if entry is None:
+            return None
+        self._entries.move_to_end(slot)
+        return entry[0], entry[1]
+
+    def put(self, slot: _Slot, fingerprint: str, stored: StoredResult) -> None:
+        if self.size == 0:
+            return
+        size = rows_bytes(stored.rows)
+        old = self._entries.pop(slot, None)
+        if old is not None:
+            self.bytes -= old[2]
+        if size > self.max_bytes:
+            return
+        self._entries[slot] = (fingerprint, stored, size)
+        self.bytes += size
+        while len(self._entries) > self.size or self.bytes > self.max_bytes:
+            self.bytes -= self._entries.popitem(last=False)[1][2]
+
+
 def _replay(key: str, fingerprint: str, stored_fp: str, stored: StoredResult) -> GatewayResult:
     if stored_fp != fingerprint:
         raise _conflict(key, "was used")
@@ -196,6 +235,7 @@ def _replay(key: str, fingerprint: str, stored_fp: str, stored: StoredResult) ->
         row_count=stored.row_count,
         status="replayed",
         truncated=stored.truncated,
+        warnings=stored.warnings,
     )
 
 

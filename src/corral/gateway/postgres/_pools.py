@@ -25,13 +25,15 @@ class Lease:
 
     ``discard``: close the connection instead of returning it (its session state is in
     doubt). ``drained``: the agent's pool was drained while this lease was out, and the
-    statement it was running (if any) was cancelled for that reason.
+    statement it was running (if any) was cancelled for that reason. ``timed_out``: the
+    request passed its deadline and the gateway cut its connection (see :mod:`._deadline`).
     """
 
     agent_id: str
     conn: psycopg.AsyncConnection[Any]
     discard: bool = False
     drained: bool = False
+    timed_out: bool = False
 
 
 @dataclass(eq=False, slots=True)

@@ -10,7 +10,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import psycopg
 from psycopg import adapt, pq
@@ -27,6 +27,7 @@ from corral.gateway.postgres._pools import Lease
 __all__ = [
     "TEXT_OID",
     "Command",
+    "Fetched",
     "Key",
     "Statements",
     "column_names",
@@ -186,18 +187,55 @@ def _notifies(pgconn: PGconn) -> None:
             pgconn.notify_handler(notify)
 
 
+@dataclass(slots=True)
+class Fetched:
+    """How the rows of a pipeline's limited command were read.
+
+    ``cut``: ``rows`` when it had more than the row limit, ``bytes`` when its next row would
+    have passed the byte cap (that row and the rest were not kept), else None. ``bytes``: the
+    bytes of the rows kept (each value's length on the wire). ``over``: the bytes of the
+    first row not kept for the byte cap.
+    """
+
+    cut: Literal["rows", "bytes"] | None = None
+    bytes: int = 0
+    over: int | None = None
+
+
+def _result_bytes(result: PGresult) -> int:
+    # psycopg gives a value's bytes, not its length alone: the copy is freed at once.
+    value = result.get_value
+    columns = range(result.nfields)
+    if result.ntuples == 1:  # row by row, as bytes are capped: the common case, inlined
+        return sum(len(data) for column in columns if (data := value(0, column)) is not None)
+    return sum(
+        len(data)
+        for row in range(result.ntuples)
+        for column in columns
+        if (data := value(row, column)) is not None
+    )
+
+
 def _exchange(
-    pgconn: PGconn, chunk_group: int | None, chunk: int, limit: int | None
-) -> PQGen[tuple[list[list[PGresult]], bool]]:
+    pgconn: PGconn,
+    chunk_group: int | None,
+    chunk: int,
+    limit: int | None,
+    max_bytes: int | None,
+    stop: bool,
+) -> PQGen[tuple[list[list[PGresult]], Fetched]]:
     """Send the pipeline and read every command's results up to its ``Sync``.
 
-    Group ``chunk_group`` is read in chunks of ``chunk`` rows, and reading stops (returning
-    True) once it has more than ``limit`` rows: the rest is then still on its way.
+    Group ``chunk_group`` is read in chunks of ``chunk`` rows. Once it has more than
+    ``limit`` rows, or its next chunk would pass ``max_bytes``, either reading stops
+    (``stop``: the rest is then still on its way) or its further rows are read and dropped.
     """
     yield from send(pgconn)
     group: list[PGresult] = []
     groups = [group]
+    fetched = Fetched()
     rows = 0
+    total = 0
     while True:
         # _next_result, inlined: a generator per result costs more than the rest of the loop.
         if pgconn.is_busy():
@@ -220,12 +258,27 @@ def _exchange(
             continue
         if result.status == _SYNC:
             groups.pop()
-            return groups, False
+            return groups, fetched
+        if len(groups) - 1 != chunk_group or not result.ntuples:
+            group.append(result)
+            continue
+        if fetched.cut is not None:
+            continue  # past a cap, not stopping: the rows are read and dropped
+        if max_bytes is not None:
+            size = _result_bytes(result)
+            if total + size > max_bytes:
+                fetched.cut, fetched.over = "bytes", size
+                if stop:
+                    return groups, fetched
+                continue
+            total += size
+            fetched.bytes = total
         group.append(result)
-        if limit is not None and len(groups) - 1 == chunk_group:
-            rows += result.ntuples
-            if rows > limit:
-                return groups, True
+        rows += result.ntuples
+        if limit is not None and rows > limit:
+            fetched.cut = "rows"
+            if stop:
+                return groups, fetched
 
 
 def _drain(pgconn: PGconn) -> PQGen[None]:
@@ -236,12 +289,20 @@ def _drain(pgconn: PGconn) -> PQGen[None]:
 
 
 async def run_pipeline(
-    lease: Lease, commands: Sequence[Command], *, limit: int | None = None
-) -> tuple[list[list[PGresult]], bool]:
+    lease: Lease,
+    commands: Sequence[Command],
+    *,
+    limit: int | None = None,
+    max_bytes: int | None = None,
+    limited: int = 0,
+    stop: bool = True,
+) -> tuple[list[list[PGresult]], Fetched]:
     """Run ``commands`` in one pipeline; each command's results (its parse error first, if
-    preparing it failed), and whether the first command was cut short past ``limit`` rows
-    (then it was cancelled and the rest of its rows dropped).
+    preparing it failed), and how the rows of command ``limited`` were read.
 
+    With ``limit`` or ``max_bytes``, command ``limited`` is read row by row and keeps at most
+    ``limit + 1`` rows and ``max_bytes`` bytes of values; past either, it is cancelled on the
+    server (``stop``) or its further rows are read and dropped (a write, which must finish).
     Errors of the statements come back as results, not exceptions. Anything raised (a lost
     connection, a cancelled task) marks the lease ``discard``: the connection's state is then
     unknown.
@@ -252,7 +313,10 @@ async def run_pipeline(
     parses: list[tuple[int, int, Key, bytes]] = []  # (group, command, key, name)
     execs: list[int] = []
     groups: list[list[PGresult]] = []
-    cut = False
+    fetched = Fetched()
+    bounded = limit is not None or max_bytes is not None
+    # Row by row when bytes are capped: libpq holds a whole chunk before it hands it over.
+    chunk = 1 if max_bytes is not None else (limit or 0) + 1
     async with conn.lock:
         try:
             pgconn.enter_pipeline_mode()
@@ -286,12 +350,14 @@ async def run_pipeline(
                     )
                 execs.append(sent)
                 sent += 1
-            chunk_group = execs[0] if limit is not None else None
+            chunk_group = execs[limited] if bounded else None
             if chunk_group == 0:
-                _result_mode(pgconn, (limit or 0) + 1)
+                _result_mode(pgconn, chunk)
             pgconn.pipeline_sync()
-            groups, cut = await conn.wait(_exchange(pgconn, chunk_group, (limit or 0) + 1, limit))
-            if cut:
+            groups, fetched = await conn.wait(
+                _exchange(pgconn, chunk_group, chunk, limit, max_bytes, stop)
+            )
+            if fetched.cut is not None and stop:
                 # The rest of the rows are not wanted: stop the statement on the server.
                 with contextlib.suppress(psycopg.Error):
                     await conn.cancel_safe(timeout=5.0)
@@ -310,7 +376,7 @@ async def run_pipeline(
             statements.add(key, name)
         elif results and results[0].status == _FATAL:
             out[index] = [results[0], *out[index]]
-    return out, cut
+    return out, fetched
 
 
 def error_in(results: Sequence[PGresult], lease: Lease) -> psycopg.Error | None:

@@ -16,6 +16,7 @@ from psycopg import adapt
 from psycopg.abc import Transformer
 from psycopg.pq.abc import PGresult
 
+from corral.gateway._bounds import bytes_warning
 from corral.gateway._errors import GatewayError
 from corral.gateway._journal import StoredResult, encode_result
 from corral.gateway._result import GatewayResult
@@ -184,6 +185,7 @@ async def run_write(
     now: datetime,
     key_wait_ms: int,
     max_rows: int,
+    max_bytes: int,
     agent_role: str | None = None,
 ) -> tuple[GatewayResult, StoredResult]:
     """Run the write ``plan`` with its journal row, in one transaction, and commit.
@@ -197,7 +199,9 @@ async def run_write(
     not run, or was rolled back), ``GatewayError("idempotency_in_progress")`` when another
     transaction holds the key for longer than ``key_wait_ms``,
     ``GatewayError("database_unavailable")`` (retry with the same key) when the connection was
-    lost once the COMMIT was sent; psycopg errors of the write propagate (rolled back).
+    lost once the COMMIT was sent; psycopg errors of the write propagate (rolled back). The
+    rows it returns are capped at ``max_rows`` and ``max_bytes`` (rows past either are read
+    and dropped, never the write cancelled), in the answer and its journal row alike.
     """
     conn = lease.conn
     tx = adapt.Transformer(conn)
@@ -214,6 +218,7 @@ async def run_write(
         key=key,
         key_wait_ms=key_wait_ms,
         max_rows=max_rows,
+        max_bytes=max_bytes,
         row=(
             agent_id.encode(encoding),
             key.encode(encoding),
@@ -269,6 +274,7 @@ class _Write:
     key: str
     key_wait_ms: int
     max_rows: int
+    max_bytes: int
     row: tuple[bytes, ...]  # agent_id, key, plan_hash, fingerprint, now: dumped
     row_types: tuple[int, ...]
     lock: tuple[bytes]  # the key's advisory lock, dumped
@@ -290,8 +296,13 @@ class _Write:
                     self.lease, [*head, *counting, _COMMIT_COMMAND], self.key
                 )
             else:
-                groups, _ = await wire.run_pipeline(
-                    self.lease, [*head, wire.command(self.tx, sql, params)]
+                groups, fetched = await wire.run_pipeline(
+                    self.lease,
+                    [*head, wire.command(self.tx, sql, params)],
+                    limit=self.max_rows,
+                    max_bytes=self.max_bytes,
+                    limited=at,
+                    stop=False,
                 )
             failed = wire.first_error(groups, self.lease)
             if failed is None:
@@ -299,7 +310,7 @@ class _Write:
                     count = int(groups[at][-1].get_value(0, 0) or 0)
                     stored = StoredResult((), [], count, False)
                     return GatewayResult(rows=[], columns=(), row_count=count), stored
-                return await self._record(groups[at])
+                return await self._record(groups[at], fetched)
             await wire.rollback(self.lease)
             index, error = failed
             state = error.sqlstate
@@ -361,7 +372,9 @@ class _Write:
             and diag.table_name == self.journal.table
         )
 
-    async def _record(self, results: list[PGresult]) -> tuple[GatewayResult, StoredResult]:
+    async def _record(
+        self, results: list[PGresult], fetched: wire.Fetched
+    ) -> tuple[GatewayResult, StoredResult]:
         """The second round trip: the write's rows stored in its journal row, and COMMIT."""
         lease, tx = self.lease, self.tx
         described = wire.described(results)
@@ -369,8 +382,12 @@ class _Write:
         columns = wire.column_names(described, encoding) if described else ()
         kept = wire.load_rows(tx, results, columns, self.max_rows) if described else []
         affected = max(results[-1].command_tuples or 0, 0) if results else 0
-        truncated = wire.row_count(results) > self.max_rows
-        stored = StoredResult(columns, kept, affected, truncated)
+        truncated = fetched.cut is not None
+        # A write is never refused for its size (it ran): its rows are cut, even to none.
+        warnings: tuple[str, ...] = ()
+        if fetched.cut == "bytes":
+            warnings = (bytes_warning(self.max_bytes, len(kept), fetched.bytes),)
+        stored = StoredResult(columns, kept, affected, truncated, warnings)
         agent, key, plan, fingerprint, now = self.row
         values = (agent, key, plan, fingerprint, encode_result(stored).encode(encoding), now, now)
         stamp = self.row_types[4]
@@ -386,7 +403,13 @@ class _Write:
             if self._journalled(failed[0], 0, failed[1]):
                 raise KeyTaken(self.key)
             raise failed[1]
-        result = GatewayResult(rows=kept, columns=columns, row_count=affected, truncated=truncated)
+        result = GatewayResult(
+            rows=kept,
+            columns=columns,
+            row_count=affected,
+            truncated=truncated,
+            warnings=warnings,
+        )
         return result, stored
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from corral.gateway._bounds import timed_out, timeout_margin_s
 from corral.gateway._breaker_journal import FreezeJournal, SQLiteFreezeJournal
 from corral.gateway._catalog import Catalog
 from corral.gateway._errors import GatewayError
@@ -19,6 +20,7 @@ from corral.gateway._ops import compile_operation
 from corral.gateway._request import check_param_count, request_key
 from corral.gateway._result import GatewayResult
 from corral.gateway.sqlite._analysis import SqliteAnalysis
+from corral.gateway.sqlite._bounded import Watch
 from corral.gateway.sqlite._file import SQLiteFile
 from corral.gateway.sqlite._params import bind_params
 from corral.gateway.sqlite._plan import Journalled, ReadPlan, WritePlan
@@ -55,6 +57,7 @@ def sqlite_engine(
     journal_path: object,
     statement_timeout_s: float,
     max_rows: int,
+    max_bytes: int,
     clock: Clock,
 ) -> SQLiteEngine:
     """The engine for the existing SQLite file ``path``, its arguments checked
@@ -66,6 +69,7 @@ def sqlite_engine(
     v.instance_of(where, "journal_path", journal_path, (str, Path, type(None)))
     v.positive_number(where, "statement_timeout_s", statement_timeout_s)
     v.positive_int(where, "max_rows", max_rows)
+    v.positive_int(where, "max_bytes", max_bytes)
     v.instance_of(where, "clock", clock, Clock)
     target = Path(str(path))
     journal = Path(str(journal_path)) if journal_path is not None else None
@@ -79,9 +83,10 @@ def sqlite_engine(
         target,
         statement_timeout_s=statement_timeout_s,
         max_rows=max_rows,
+        max_bytes=max_bytes,
         monotonic=clock.monotonic,
     )
-    return SQLiteEngine(file, journal, clock)
+    return SQLiteEngine(file, journal, clock, statement_timeout_s)
 
 
 class SQLiteEngine:
@@ -90,8 +95,12 @@ class SQLiteEngine:
 
     write_noun = "operation"
 
-    def __init__(self, file: SQLiteFile, journal_path: Path, clock: Clock) -> None:
+    def __init__(
+        self, file: SQLiteFile, journal_path: Path, clock: Clock, statement_timeout_s: float
+    ) -> None:
         self.file = file
+        self._timeout_s = statement_timeout_s
+        self._margin_s = timeout_margin_s(statement_timeout_s)
         self._journal_path = journal_path
         self._clock = clock
         self._executor: ThreadPoolExecutor | None = None
@@ -100,12 +109,41 @@ class SQLiteEngine:
         self._running: dict[tuple[str, str, str], str] = {}
         self._keys_lock = asyncio.Lock()
         self.keys_in_flight_at_open = 0
+        # Statements a request stopped waiting for, still running on their worker threads.
+        self._abandoned: set[asyncio.Future[Any]] = set()
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         if self._executor is None:
             raise GatewayError("database_unavailable", "the gateway is closed or not open")
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+
+    def _submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> asyncio.Future[T]:
+        if self._executor is None:
+            raise GatewayError("database_unavailable", "the gateway is closed or not open")
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+
+    async def _bounded(
+        self, future: asyncio.Future[T], watch: Watch, *, key: str | None = None
+    ) -> T:
+        """``future``'s result, within the statement timeout plus the margin (on the event
+        loop's clock): at the timeout ``watch`` interrupts the statement; past the margin
+        the request answers ``statement_timeout`` and leaves its worker thread to finish
+        (SQLite cannot be stopped inside one instruction). A cancelled caller leaves the
+        thread running too."""
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(self._timeout_s, watch.interrupt)
+        try:
+            await asyncio.wait({future}, timeout=self._timeout_s + self._margin_s)
+        finally:
+            timer.cancel()
+        if future.done():
+            return future.result()
+        self._abandoned.add(future)
+        future.add_done_callback(self._abandoned.discard)
+        future.add_done_callback(_retrieved)
+        raise timed_out(self._timeout_s, writing=key is not None, key=key)
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -138,6 +176,9 @@ class SQLiteEngine:
         if executor is None:
             return
         try:
+            if self._abandoned:
+                # A connection is closed only once no thread runs a statement on it.
+                await asyncio.wait(set(self._abandoned))
             await asyncio.get_running_loop().run_in_executor(executor, self.file.close)
         finally:
             self._executor = None
@@ -226,7 +267,8 @@ class SQLiteEngine:
 
     async def read(self, agent_id: str, planned: SQLitePlanned) -> GatewayResult:
         assert isinstance(planned.plan, ReadPlan)
-        return await self.call(self.file.read, planned.plan)
+        watch = Watch(self._timeout_s)
+        return await self._bounded(self._submit(self.file.read, planned.plan, watch), watch)
 
     async def write(self, agent_id: str, key: str, planned: SQLitePlanned) -> GatewayResult:
         assert isinstance(planned.plan, WritePlan)
@@ -244,24 +286,26 @@ class SQLiteEngine:
                     key=key,
                 )
             self._running[slot] = fp
-        # Shielded: a cancelled caller leaves the worker thread running, so the key stays
-        # taken until the thread has finished with it.
-        task = asyncio.ensure_future(self._write(planned.plan, slot, fp))
-        task.add_done_callback(lambda _: self._running.pop(slot, None))
-        return await asyncio.shield(task)
-
-    async def _write(self, plan: WritePlan, slot: tuple[str, str, str], fp: str) -> GatewayResult:
-        agent_id, key, plan_hash = slot
+        watch = Watch(self._timeout_s)
         now = self._clock.now().isoformat()
-        outcome = await self.call(
-            self.file.write,
-            plan,
-            agent_id=agent_id,
-            key=key,
-            plan_hash=plan_hash,
-            fingerprint=fp,
-            now=now,
-        )
+        try:
+            future = self._submit(
+                self.file.write,
+                planned.plan,
+                agent_id=agent_id,
+                key=key,
+                plan_hash=slot[2],
+                fingerprint=fp,
+                now=now,
+                watch=watch,
+            )
+        except BaseException:
+            self._running.pop(slot, None)
+            raise
+        # The key stays taken until the worker thread has finished with it, whether the
+        # caller was cancelled or the request answered statement_timeout before.
+        future.add_done_callback(lambda _: self._running.pop(slot, None))
+        outcome = await self._bounded(future, watch, key=key)
         if isinstance(outcome, Journalled):
             return _journalled(key, fp, outcome)
         return GatewayResult(
@@ -269,6 +313,7 @@ class SQLiteEngine:
             columns=outcome.columns,
             row_count=outcome.row_count,
             truncated=outcome.truncated,
+            warnings=outcome.warnings,
         )
 
     async def drain(self, agent_id: str) -> bool:
@@ -277,6 +322,12 @@ class SQLiteEngine:
 
     def connections_in_use(self, agent_id: str) -> int:
         return 0
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    # The request answered before its thread finished: what the thread raises is not news.
+    if not future.cancelled():
+        future.exception()
 
 
 def _conflict(key: str) -> GatewayError:
@@ -306,4 +357,5 @@ def _journalled(key: str, fp: str, found: Journalled) -> GatewayResult:
         row_count=stored.row_count,
         status="replayed",
         truncated=stored.truncated,
+        warnings=stored.warnings,
     )

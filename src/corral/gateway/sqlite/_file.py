@@ -1,6 +1,9 @@
 """The blocking side of the SQLite engine: connections to one file, reads, journalled writes and
 crash recovery. Everything here runs on the engine's worker threads, never on the event loop."""
 
+# Over 500 lines: the connections, the reads, the writes and the mapping of SQLite's errors
+# share the file's connections and locks; what bounds a request is in _bounded.
+
 from __future__ import annotations
 
 import contextlib
@@ -11,6 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from corral.gateway._bounds import bytes_warning, too_large
 from corral.gateway._catalog import Catalog
 from corral.gateway._catalog_load import load_sqlite_catalog
 from corral.gateway._errors import GatewayError, database_refusal
@@ -23,6 +27,7 @@ from corral.gateway.sqlite._analysis import (
     compile_error,
     located,
 )
+from corral.gateway.sqlite._bounded import Fetched, Watch, answer, read_rows
 from corral.gateway.sqlite._journal import JOURNAL_TABLE, RECORD_SQL, ensure_journal, lookup
 from corral.gateway.sqlite._plan import Journalled, ReadPlan, WritePlan
 from corral.gateway.sqlite._wall import Wall, prewarm
@@ -52,11 +57,13 @@ class SQLiteFile:
         *,
         statement_timeout_s: float,
         max_rows: int,
+        max_bytes: int,
         monotonic: Callable[[], float],
     ) -> None:
         self.path = path
         self._timeout_s = statement_timeout_s
         self._max_rows = max_rows
+        self._max_bytes = max_bytes
         self._monotonic = monotonic
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
@@ -190,6 +197,9 @@ class SQLiteFile:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             conn = self._connect_read_only()
+            # No string or blob over the byte cap is made or read by a read: one value can
+            # neither fill memory nor take long to build (hex() of a large blob, ...).
+            conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, self._max_bytes)
             wall = Wall()
             wall.hidden = self._hidden
             conn.set_authorizer(wall)
@@ -198,13 +208,17 @@ class SQLiteFile:
                 self._readers.append(conn)
         return conn
 
-    def read(self, plan: ReadPlan) -> GatewayResult:
-        """Run ``plan`` read-only; raises ``GatewayError`` (``read_only_violation``,
-        ``statement_timeout``, ``invalid_data``, ``database_error``, ``database_unavailable``,
-        and for an agent's SQL the refusals of its wall)."""
+    def read(self, plan: ReadPlan, watch: Watch | None = None) -> GatewayResult:
+        """Run ``plan`` read-only, interruptible through ``watch``; raises ``GatewayError``
+        (``read_only_violation``, ``statement_timeout``, ``result_too_large``,
+        ``invalid_data``, ``database_error``, ``database_unavailable``, and for an agent's SQL
+        the refusals of its wall)."""
         for attempt in range(2):
             try:
-                return self._read(plan)
+                if watch is None:
+                    return self._read(plan)
+                with watch.running(self._reader()):
+                    return self._read(plan)
             except sqlite3.Error as exc:
                 name = getattr(exc, "sqlite_errorname", "")
                 if attempt or name != "SQLITE_READONLY_ROLLBACK":
@@ -218,17 +232,22 @@ class SQLiteFile:
         deadline = self._monotonic() + self._timeout_s
         conn.set_progress_handler(lambda: int(self._monotonic() > deadline), _PROGRESS_STEPS)
         try:
-            rows, columns = self._fetch(conn, plan, wall)
+            fetched = self._fetch(conn, plan, wall)
+            rows = fetched.rows
             if (rows and not _counted_none(plan, rows)) or not plan.filtered:
-                return _answer(
-                    rows, columns, self._max_rows, empty=not rows or _counted_none(plan, rows)
+                return answer(
+                    fetched,
+                    self._max_rows,
+                    self._max_bytes,
+                    empty=not rows or _counted_none(plan, rows),
                 )
             flags: tuple[Any, ...] = ()
             if plan.exists_sql is not None:
                 # Empty with a filter: rows and verdict from one snapshot.
                 conn.execute("BEGIN")
                 try:
-                    rows, columns = self._fetch(conn, plan, wall)
+                    fetched = self._fetch(conn, plan, wall)
+                    rows = fetched.rows
                     flags = tuple(conn.execute(plan.exists_sql).fetchone() or ())
                 finally:
                     conn.execute("COMMIT")
@@ -239,28 +258,31 @@ class SQLiteFile:
         finally:
             conn.set_progress_handler(None, 0)
         if rows and not _counted_none(plan, rows):
-            return _answer(rows, columns, self._max_rows, empty=False)
+            return answer(fetched, self._max_rows, self._max_bytes, empty=False)
         has = {name: bool(flag) for name, flag in zip(plan.tables, flags, strict=False)}
         suspicious, holding = holds(plan.rows, has)
         if not suspicious:
-            return _answer(rows, columns, self._max_rows, empty=True)
+            return answer(fetched, self._max_rows, self._max_bytes, empty=True)
         warning = empty_warning(holding, counted=plan.count_op)
         return GatewayResult(
-            rows=_dicts(columns, rows),
-            columns=columns,
+            rows=_dicts(fetched.columns, rows),
+            columns=fetched.columns,
             row_count=len(rows),
             emptiness="suspiciously_empty",
             warnings=(warning,),
         )
 
-    def _fetch(
-        self, conn: sqlite3.Connection, plan: ReadPlan, wall: Wall
-    ) -> tuple[list[tuple[Any, ...]], tuple[str, ...]]:
+    def _fetch(self, conn: sqlite3.Connection, plan: ReadPlan, wall: Wall) -> Fetched:
         with _armed(wall, self._visible, plan):
             cursor = conn.execute(plan.sql, plan.params)
             try:
-                rows = cursor.fetchmany(self._max_rows + 1)
-                return rows, _columns(cursor)
+                return read_rows(
+                    cursor,
+                    _columns(cursor),
+                    max_rows=self._max_rows,
+                    max_bytes=self._max_bytes,
+                    stop=True,
+                )
             finally:
                 cursor.close()
 
@@ -294,6 +316,7 @@ class SQLiteFile:
         plan_hash: str,
         fingerprint: str,
         now: str,
+        watch: Watch | None = None,
     ) -> StoredResult | Journalled:
         """Run the write ``plan`` journalled under ``(agent_id, key, plan_hash)`` (the plan
         hash as stored: :func:`~corral.gateway._journal.stored_plan`), in one transaction.
@@ -301,7 +324,9 @@ class SQLiteFile:
         Returns what the journal already holds for the key (nothing ran), or the new result
         (committed with its journal row). Raises ``GatewayError`` (``constraint_violation``,
         ``invalid_data``, ``database_error``, ...); a write the engine refused leaves neither
-        the write nor its key.
+        the write nor its key. ``watch`` can interrupt the agent's statement. The rows it
+        returns are capped at ``max_rows`` and ``max_bytes`` (the rest read and dropped), in
+        the answer and the journal alike.
         """
         with self._write_lock:
             target = self._require_target()
@@ -313,7 +338,7 @@ class SQLiteFile:
                     found = lookup(target, agent_id, key, plan_hash)
                     if found is not None:
                         return found
-                    stored = self._apply(target, plan, wall)
+                    stored = self._apply(target, plan, wall, watch)
                     target.execute(
                         RECORD_SQL,
                         (agent_id, key, plan_hash, fingerprint, encode_result(stored), now, now),
@@ -334,20 +359,34 @@ class SQLiteFile:
             raise
         target.execute("COMMIT")
 
-    def _apply(self, target: sqlite3.Connection, plan: WritePlan, wall: Wall) -> StoredResult:
+    def _apply(
+        self, target: sqlite3.Connection, plan: WritePlan, wall: Wall, watch: Watch | None
+    ) -> StoredResult:
         deadline = self._monotonic() + self._timeout_s
         target.set_progress_handler(lambda: int(self._monotonic() > deadline), _PROGRESS_STEPS)
         try:
-            with _armed(wall, self._visible, plan):
+            with (
+                watch.running(target) if watch is not None else contextlib.nullcontext(),
+                _armed(wall, self._visible, plan),
+            ):
                 cursor = target.execute(plan.sql, plan.params)
-                rows = cursor.fetchall() if cursor.description else []
-                columns = _columns(cursor) if cursor.description else ()
-                count = len(rows) if cursor.description else max(cursor.rowcount, 0)
+                # A write is never refused for its size (it ran): its rows are cut, even to none.
+                fetched = read_rows(
+                    cursor,
+                    _columns(cursor) if cursor.description else (),
+                    max_rows=self._max_rows,
+                    max_bytes=self._max_bytes,
+                    stop=False,
+                )
+                count = fetched.count if cursor.description else max(cursor.rowcount, 0)
                 cursor.close()
         finally:
             target.set_progress_handler(None, 0)
-        kept = _dicts(columns, rows[: self._max_rows])
-        return StoredResult(columns, kept, count, len(rows) > self._max_rows)
+        kept = _dicts(fetched.columns, fetched.rows[: self._max_rows])
+        warnings: tuple[str, ...] = ()
+        if fetched.cut == "bytes":
+            warnings = (bytes_warning(self._max_bytes, len(kept), fetched.bytes),)
+        return StoredResult(fetched.columns, kept, count, fetched.cut is not None, warnings)
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -368,6 +407,8 @@ class SQLiteFile:
         name = getattr(exc, "sqlite_errorname", "")
         if plan is not None and plan.agent_sql and wall is not None and wall.refusal is not None:
             return located(wall.refusal, plan.sql)
+        if name == "SQLITE_TOOBIG" and reading:
+            return too_large(self._max_bytes, None)
         if "interrupted" in text:
             return GatewayError(
                 "statement_timeout",
@@ -471,16 +512,3 @@ def _counted_none(plan: ReadPlan, rows: list[tuple[Any, ...]]) -> bool:
 
 def _dicts(columns: tuple[str, ...], rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
     return [dict(zip(columns, row, strict=True)) for row in rows]
-
-
-def _answer(
-    rows: list[tuple[Any, ...]], columns: tuple[str, ...], max_rows: int, *, empty: bool
-) -> GatewayResult:
-    kept = rows[:max_rows]
-    return GatewayResult(
-        rows=_dicts(columns, kept),
-        columns=columns,
-        row_count=len(kept),
-        truncated=len(rows) > max_rows,
-        emptiness="genuinely_empty" if empty else None,
-    )
