@@ -34,8 +34,9 @@ class SandboxWorker:
     when there is one), in a process group of its own, under an address-space limit of
     ``max_memory_bytes`` (0: none) that holds for its whole life. Each run sends the agent and
     its task over a pipe; the worker calls the agent (a coroutine it returns is run on the
-    worker's own event loop, which lasts as long as the worker) and answers. Modules an agent
-    imports, and anything they keep, stay in the worker for its later runs.
+    worker's own event loop, which lasts as long as the worker: tasks an agent leaves on it
+    run only during later runs) and answers. Modules an agent imports, and anything they
+    keep, stay in the worker for its later runs.
 
     A run that completes, or whose agent raises, leaves the worker up. A timeout, a cancelled
     run, the memory limit, or a worker that dies (``os._exit``, a signal) ends the worker: its
