@@ -1,4 +1,5 @@
-"""PythonHarness: functions named ``module:function``, sync and async, in worker processes."""
+"""PythonHarness: functions named ``module:function``, sync and async, in worker processes
+kept per agent between its turns."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import os
 import sys
 import types
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +30,33 @@ from tests.support.polling import settle
 
 MODULE = "tests.daemon.workers.py_funcs"
 
+_made: list[PythonHarness] = []
+
+
+def make(**options: Any) -> PythonHarness:
+    """A PythonHarness whose workers are ended after the test (and checked gone)."""
+    harness = PythonHarness(**options)
+    _made.append(harness)
+    return harness
+
+
+@pytest.fixture(autouse=True)
+async def _workers_end() -> AsyncIterator[None]:
+    yield
+    made = list(_made)
+    _made.clear()
+    pids = [pid for harness in made for pid in harness.workers.values() if pid is not None]
+    for harness in made:
+        await harness.aclose()
+        assert harness.workers == {}
+    assert [pid for pid in pids if _alive(pid)] == []
+
 
 def request(
     tmp_path: Path,
     function: str,
     *,
+    agent_id: str = "a_00c0ffee",
     prompt: str = "hello",
     timeout_s: float = 10.0,
     env: dict[str, str] | None = None,
@@ -42,7 +65,7 @@ def request(
     target = function if ":" in function else f"{MODULE}:{function}"
     spec = parse_spec({"name": "p", "harness": "python", "function": target, "env": spec_env or {}})
     return TurnRequest(
-        agent_id="a_00c0ffee",
+        agent_id=agent_id,
         turn=7,
         prompt=prompt,
         spec=spec,
@@ -54,7 +77,7 @@ def request(
 
 
 async def test_the_function_runs_in_a_worker_process_with_its_context(tmp_path: Path) -> None:
-    harness = PythonHarness()
+    harness = make()
     assert isinstance(harness, Harness)
     req = request(tmp_path, "report", spec_env={"A": "spec", "B": "spec"}, env={"B": "req"})
     seen = json.loads((await harness.run_turn(req)).output)
@@ -69,39 +92,40 @@ async def test_the_function_runs_in_a_worker_process_with_its_context(tmp_path: 
         "prompt": "hello",
     }
     again = json.loads((await harness.run_turn(req)).output)
-    assert again["pid"] != seen["pid"]  # a fresh process per turn
+    assert again["pid"] == seen["pid"]  # the agent's worker is kept for its next turn
+    assert harness.workers == {"a_00c0ffee": seen["pid"]}
 
 
 async def test_async_function_is_run_to_its_end_in_the_worker(tmp_path: Path) -> None:
-    result = await PythonHarness().run_turn(request(tmp_path, "areport"))
+    result = await make().run_turn(request(tmp_path, "areport"))
     assert result.output.startswith("async a_00c0ffee#7: hello in ")
     assert result.output != f"async a_00c0ffee#7: hello in {os.getpid()}"
 
 
 async def test_object_with_async_call_is_awaited(tmp_path: Path) -> None:
-    result = await PythonHarness().run_turn(request(tmp_path, "acallable"))
+    result = await make().run_turn(request(tmp_path, "acallable"))
     assert result.output == "callable hello"
 
 
 async def test_an_awaitable_returned_by_a_sync_function_is_awaited(tmp_path: Path) -> None:
-    result = await PythonHarness().run_turn(request(tmp_path, "returns_awaitable"))
+    result = await make().run_turn(request(tmp_path, "returns_awaitable"))
     assert result.output == "awaited hello"
 
 
 async def test_dict_result_carries_usage(tmp_path: Path) -> None:
-    result = await PythonHarness().run_turn(request(tmp_path, "with_usage"))
+    result = await make().run_turn(request(tmp_path, "with_usage"))
     assert (result.output, result.tokens, result.cost_usd) == ("HELLO", 42, 0.25)
-    result = await PythonHarness().run_turn(request(tmp_path, "unknown_cost"))
+    result = await make().run_turn(request(tmp_path, "unknown_cost"))
     assert result.cost_usd is None
-    result = await PythonHarness().run_turn(request(tmp_path, "output_only"))
+    result = await make().run_turn(request(tmp_path, "output_only"))
     assert (result.output, result.tokens, result.cost_usd) == ("only", 0, 0.0)
 
 
 async def test_other_results_fail_saying_what_was_returned(tmp_path: Path) -> None:
     with pytest.raises(TurnFailedError, match=r"returned int 42; expected a str or a dict"):
-        await PythonHarness().run_turn(request(tmp_path, "returns_int"))
+        await make().run_turn(request(tmp_path, "returns_int"))
     with pytest.raises(TurnFailedError) as caught:
-        await PythonHarness().run_turn(request(tmp_path, "bad_dict"))
+        await make().run_turn(request(tmp_path, "bad_dict"))
     message = caught.value.message
     assert "unknown keys ['cost_usd']" in message
     assert "'output' must be a str, got int 7" in message
@@ -110,32 +134,32 @@ async def test_other_results_fail_saying_what_was_returned(tmp_path: Path) -> No
 
 async def test_exception_becomes_a_failed_turn_with_type_and_message(tmp_path: Path) -> None:
     with pytest.raises(TurnFailedError) as caught:
-        await PythonHarness().run_turn(request(tmp_path, "raises", prompt="disk full"))
+        await make().run_turn(request(tmp_path, "raises", prompt="disk full"))
     assert caught.value.message == f"function '{MODULE}:raises' raised ValueError: boom: disk full"
     assert caught.value.details["exception"] == "ValueError"
     with pytest.raises(TurnFailedError, match="raised KeyError: 'missing thing'"):
-        await PythonHarness().run_turn(request(tmp_path, "araises"))
+        await make().run_turn(request(tmp_path, "araises"))
 
 
 async def test_sys_exit_and_keyboard_interrupt_in_the_function_fail_the_turn(
     tmp_path: Path,
 ) -> None:
     with pytest.raises(TurnFailedError, match="raised SystemExit: 3"):
-        await PythonHarness().run_turn(request(tmp_path, "exits"))
+        await make().run_turn(request(tmp_path, "exits"))
     with pytest.raises(TurnFailedError, match="raised KeyboardInterrupt"):
-        await PythonHarness().run_turn(request(tmp_path, "interrupts"))
+        await make().run_turn(request(tmp_path, "interrupts"))
 
 
 async def test_the_functions_own_turn_failed_error_passes_through(tmp_path: Path) -> None:
     with pytest.raises(TurnFailedError) as caught:
-        await PythonHarness().run_turn(request(tmp_path, "fails_with_usage"))
+        await make().run_turn(request(tmp_path, "fails_with_usage"))
     assert caught.value.message == "quota hit"
     assert caught.value.usage == {"tokens": 9, "costUsd": 0.5}
 
 
 async def test_the_functions_own_timeout_error_is_not_a_turn_timeout(tmp_path: Path) -> None:
     with pytest.raises(TurnFailedError, match="raised TimeoutError: upstream took too long"):
-        await PythonHarness().run_turn(request(tmp_path, "raises_timeout"))
+        await make().run_turn(request(tmp_path, "raises_timeout"))
 
 
 @pytest.mark.parametrize(
@@ -158,7 +182,7 @@ async def test_unresolvable_functions_fail_the_turn(
     tmp_path: Path, function: str, expected: str
 ) -> None:
     with pytest.raises(TurnFailedError, match=expected) as caught:
-        await PythonHarness().run_turn(request(tmp_path, function))
+        await make().run_turn(request(tmp_path, function))
     assert caught.value.details["function"] == function
 
 
@@ -169,14 +193,14 @@ async def test_a_module_the_worker_cannot_import_fails_the_turn(tmp_path: Path) 
     sys.modules[module.__name__] = module
     try:
         with pytest.raises(TurnFailedError, match="in the worker process: ModuleNotFoundError"):
-            await PythonHarness().run_turn(request(tmp_path, f"{module.__name__}:f"))
+            await make().run_turn(request(tmp_path, f"{module.__name__}:f"))
     finally:
         del sys.modules[module.__name__]
 
 
 async def test_os_exit_is_a_failed_turn_naming_the_exit_code(tmp_path: Path) -> None:
     with pytest.raises(TurnFailedError) as caught:
-        await PythonHarness().run_turn(request(tmp_path, "hard_exit"))
+        await make().run_turn(request(tmp_path, "hard_exit"))
     assert caught.value.message == (
         f"the worker process of function '{MODULE}:hard_exit' exited with code 3 before the "
         "turn ended"
@@ -186,11 +210,11 @@ async def test_os_exit_is_a_failed_turn_naming_the_exit_code(tmp_path: Path) -> 
 
 async def test_a_segfault_is_a_failed_turn_naming_the_signal(tmp_path: Path) -> None:
     with pytest.raises(TurnFailedError, match="was killed by signal SIGSEGV before the turn"):
-        await PythonHarness().run_turn(request(tmp_path, "segfault"))
+        await make().run_turn(request(tmp_path, "segfault"))
 
 
 async def test_memory_over_the_limit_is_a_failed_turn(tmp_path: Path) -> None:
-    harness = PythonHarness(max_memory_bytes=512 * 1024 * 1024)
+    harness = make(max_memory_bytes=512 * 1024 * 1024)
     with pytest.raises(TurnFailedError, match="over its memory limit of 536870912 bytes"):
         await harness.run_turn(request(tmp_path, "hog"))
 
@@ -199,7 +223,7 @@ async def test_a_timeout_kills_the_worker_process(tmp_path: Path) -> None:
     req = request(tmp_path, "sleeps", timeout_s=0.5)
     req.workdir.mkdir()
     with pytest.raises(TurnFailedError, match=r"turn timed out after 0.5 s .*killed at the turn"):
-        await PythonHarness().run_turn(req)
+        await make().run_turn(req)
     pid = _pid(req.workdir)
     assert pid is not None
     assert not _alive(pid)
@@ -208,7 +232,7 @@ async def test_a_timeout_kills_the_worker_process(tmp_path: Path) -> None:
 async def test_cancellation_kills_the_worker_process_and_propagates(tmp_path: Path) -> None:
     req = request(tmp_path, "sleeps")
     req.workdir.mkdir()
-    task = asyncio.ensure_future(PythonHarness().run_turn(req))
+    task = asyncio.ensure_future(make().run_turn(req))
     await settle(lambda: _pid(req.workdir) is not None, within_s=10)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -236,22 +260,22 @@ def _alive(pid: int) -> bool:
 
 
 async def test_reap_has_nothing_to_end(tmp_path: Path) -> None:
-    assert await PythonHarness().reap("a_1", tmp_path) is False
+    assert await make().reap("a_1", tmp_path) is False
     with pytest.raises(InvalidArgumentError, match="agent_id"):
-        await PythonHarness().reap("", tmp_path)
+        await make().reap("", tmp_path)
     with pytest.raises(InvalidArgumentError, match="state_dir"):
-        await PythonHarness().reap("a_1", "dir")  # type: ignore[arg-type]
+        await make().reap("a_1", "dir")  # type: ignore[arg-type]
 
 
 async def test_run_turn_refuses_what_is_not_a_python_turn(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgumentError, match="request must be a TurnRequest"):
-        await PythonHarness().run_turn(None)  # type: ignore[arg-type]
+        await make().run_turn(None)  # type: ignore[arg-type]
     spec = parse_spec({"name": "c", "harness": "command", "command": ["true"]})
     other = TurnRequest(
         agent_id="a_1", turn=1, prompt="x", spec=spec, workdir=tmp_path, state_dir=tmp_path
     )
     with pytest.raises(InvalidArgumentError, match="a spec of harness 'python'"):
-        await PythonHarness().run_turn(other)
+        await make().run_turn(other)
 
 
 # --- the daemon stays up --------------------------------------------------------------------
@@ -264,7 +288,7 @@ async def test_a_crashing_python_agent_fails_alone_and_the_daemon_serves_on(
     (this process, serving HTTP on loopback) answers throughout, and only the bad agents'
     turns fail."""
     config = ServeConfig(port=0, store=f"sqlite:///{tmp_path / 'corral.db'}", home=tmp_path)
-    harness = PythonHarness(max_memory_bytes=512 * 1024 * 1024)
+    harness = make(max_memory_bytes=512 * 1024 * 1024)
     bound: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     server = asyncio.create_task(
         serve(config, harnesses={"python": harness}, ready=bound.set_result)

@@ -48,6 +48,7 @@ from corral.daemon.harnesses import (
     TurnFailedError,
     TurnRequest,
     TurnResult,
+    WarmHarness,
 )
 from corral.daemon.stores import SQLiteStore, Store
 
@@ -91,6 +92,7 @@ __all__ = [
     "TurnFailedError",
     "TurnRequest",
     "TurnResult",
+    "WarmHarness",
     "UnauthorizedError",
     "UnstorableValueError",
     "build_mcp_server",

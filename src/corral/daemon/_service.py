@@ -40,7 +40,7 @@ from corral.daemon._records import AgentRecord, TurnUsage
 from corral.daemon._spec import AgentSpec, parse_spec
 from corral.daemon._state import ENDED_STATES, preview
 from corral.daemon._text import escape_json
-from corral.daemon.harnesses import Harness, TurnResult
+from corral.daemon.harnesses import Harness, TurnResult, WarmHarness
 from corral.daemon.stores import Store
 from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError, new_id
 from corral.kernel import _validate as v
@@ -115,6 +115,8 @@ class AgentService:
         self._specs: dict[str, AgentSpec] = {}
         self._feed = EventFeed(store, subscriber_buffer)
         self._closed = False
+        # Releases of ended agents' harness workers, run off the mutex (see _release_soon).
+        self._releases: set[asyncio.Task[None]] = set()
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -143,6 +145,13 @@ class AgentService:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*self._releases, return_exceptions=True)
+        for harness in self.harnesses.values():
+            if isinstance(harness, WarmHarness):
+                try:
+                    await harness.aclose()
+                except Exception:
+                    logger.exception("could not close harness %r", harness)
         self._feed.close()
 
     async def settled(self, agent_id: str | None = None) -> None:
@@ -334,6 +343,7 @@ class AgentService:
             events += _decisions.drop_pending(self.store.state, agent_id)
             result = CommandResult(202, {"id": agent_id, "accepted": "stop"})
             await self._commit(events, idempotency_key, command, result)
+        await self._release(agent_id)
         shutil.rmtree(self._workdir(agent_id), ignore_errors=True)
         return result
 
@@ -509,6 +519,7 @@ class AgentService:
         spec = self._spec(rec["id"])
         state = self.store.state
         await self._commit(_decisions.turn_succeeded(state, rec, spec, turn, result.output, usage))
+        self._release_if_ended(rec["id"])
 
     async def _after_turn_failure(
         self,
@@ -538,6 +549,7 @@ class AgentService:
         await self._commit(events)
         if retry is not None:
             self._launch(rec["id"], retry, _notices.resend_text(self.store.state, rec))
+        self._release_if_ended(rec["id"])
 
     async def _commit(
         self,
@@ -563,6 +575,25 @@ class AgentService:
                 )
         self._feed.publish(written)
         return written
+
+    # --- harness workers --------------------------------------------------------------------
+
+    async def _release(self, agent_id: str) -> None:
+        """Tell the agent's harness the agent has ended, so it ends what it keeps for it."""
+        harness: object = self.harnesses.get(self._spec(agent_id).harness)
+        if isinstance(harness, WarmHarness):
+            try:
+                await harness.release(agent_id)
+            except Exception:
+                logger.exception("agent %s: could not release its harness worker", agent_id)
+
+    def _release_if_ended(self, agent_id: str) -> None:
+        # Called with the mutex held: the release (a process to end) runs on its own task.
+        if self.store.state.agents[agent_id]["state"] not in ENDED_STATES:
+            return
+        task = asyncio.create_task(self._release(agent_id), name=f"release-{agent_id}")
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
 
     # --- helpers ----------------------------------------------------------------------------
 

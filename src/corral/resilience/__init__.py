@@ -2,7 +2,8 @@
 
 ``FailureIsolator`` (a circuit breaker per agent, with degradation strategies), ``TokenBudget``
 (token use per agent against allocations and a global budget) and ``run_sandboxed`` (one agent
-task under a timeout, optionally in a child process held to a memory limit).
+task under a timeout, optionally in a child process held to a memory limit; ``SandboxWorker``
+keeps such a child between runs).
 """
 
 from corral.resilience._isolator import (
@@ -24,6 +25,7 @@ from corral.resilience._sandbox_types import (
     SandboxTask,
     SandboxTimeoutError,
 )
+from corral.resilience._sandbox_worker import SandboxWorker
 from corral.resilience._tokens import NoAllocationError, TokenBudget
 
 __all__ = [
@@ -43,6 +45,7 @@ __all__ = [
     "SandboxStartError",
     "SandboxTask",
     "SandboxTimeoutError",
+    "SandboxWorker",
     "TokenBudget",
     "run_sandboxed",
 ]

@@ -10,7 +10,7 @@ from typing import Any
 
 from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError
 from corral.kernel import _validate as v
-from corral.resilience._sandbox_process import agent_callable, run_in_process
+from corral.resilience._sandbox_process import agent_callable
 from corral.resilience._sandbox_types import (
     SandboxAgentError,
     SandboxConfig,
@@ -20,6 +20,7 @@ from corral.resilience._sandbox_types import (
     SandboxTask,
     SandboxTimeoutError,
 )
+from corral.resilience._sandbox_worker import SandboxWorker
 
 DEFAULT_SANDBOX = SandboxConfig()
 """The defaults: 30 s, no memory limit, no actions, not read-only, task isolation."""
@@ -65,9 +66,16 @@ async def run_sandboxed(
     marked = SandboxTask(task, config.read_only, config.allowed_actions)
     started = clock.monotonic()
     if config.isolation == "process":
-        completed, result, error = await run_in_process(
-            agent, marked, config.timeout_s, config.max_memory_bytes, clock, preload=config.preload
+        # One run on a worker of its own, ended after it (kept workers: SandboxWorker).
+        worker = SandboxWorker(
+            max_memory_bytes=config.max_memory_bytes, preload=config.preload, clock=clock
         )
+        try:
+            ran = await worker.run(agent, marked, timeout_s=config.timeout_s)
+        finally:
+            if not worker.ended:
+                await worker.close()
+        completed, result, error = ran.completed, ran.result, ran.error
     else:
         completed, result, error = await _run_in_task(call, marked, config.timeout_s, clock)
     return SandboxResult(

@@ -1,7 +1,8 @@
-"""Process isolation for sandboxed runs: the child's side and the parent's watch over it.
+"""Process isolation for sandboxed runs: the worker's side and the parent's tools.
 
-The child caps its own memory, runs the agent and sends one message back through a pipe; the
-parent waits on the event loop, kills the child's process group and always reaps it.
+The worker caps its own memory and runs agents one at a time, answering each with one message
+through a pipe; the parent (``SandboxWorker``) waits on the event loop, kills the worker's
+process group and always reaps it, with the helpers here.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pickle
 import signal
 import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from inspect import isawaitable
 from multiprocessing.connection import Connection, wait
 from multiprocessing.context import BaseContext
@@ -30,17 +31,16 @@ from corral.resilience._sandbox_types import (
     SandboxMemoryError,
     SandboxStartError,
     SandboxTask,
-    SandboxTimeoutError,
 )
 
 try:
     import resource
 
-    _HAVE_RLIMIT = True
+    HAVE_RLIMIT = True
 except ImportError:  # not POSIX: no memory limits
-    _HAVE_RLIMIT = False
+    HAVE_RLIMIT = False
 
-_EXIT_GRACE_S = 2.0
+EXIT_GRACE_S = 2.0
 """How long a child that has sent its result may take to exit before it is killed."""
 
 _POLL_S = 0.01
@@ -80,17 +80,17 @@ def _error_message(exc: BaseException) -> tuple[str, Any, str, str, str]:
     return ("error", carried, type(exc).__qualname__, str(exc), text)
 
 
-def _end_with_parent(conn: Connection) -> None:
-    """End this child (its whole process group) once the parent's end of ``conn`` closes.
+def _end_with_parent(lifeline: Connection) -> None:
+    """End this child (its whole process group) once the parent's end of ``lifeline`` closes.
 
-    The parent never writes to the pipe, so it becomes readable only at end of file: when
-    the parent has closed it, after the child's exit, or by dying. A parent that crashes
+    The parent never writes to the lifeline, so it becomes readable only at end of file: when
+    the parent has closed it (the worker is being ended) or by dying. A parent that crashes
     (``kill -9``) so leaves no child running on (the fork server it came from stays up while
     its children do, so the child cannot count on the server's end)."""
 
     def watch() -> None:
         with contextlib.suppress(Exception):
-            conn.poll(None)
+            lifeline.poll(None)
         if os.getpgrp() == os.getpid():  # never the group it came from: only its own
             with contextlib.suppress(Exception):
                 os.killpg(0, signal.SIGKILL)
@@ -99,38 +99,57 @@ def _end_with_parent(conn: Connection) -> None:
     threading.Thread(target=watch, name="corral-sandbox-parent", daemon=True).start()
 
 
-def child_main(writer: Connection, agent: Any, task: SandboxTask, max_memory_bytes: int) -> None:
-    """Entry point of the child process; sends exactly one message unless it dies first."""
+def worker_main(conn: Connection, lifeline: Connection, max_memory_bytes: int) -> None:
+    """Entry point of a worker process: runs ``(agent, task)`` messages from ``conn`` one at
+    a time, answering each with exactly one message, until ``conn`` closes or it dies.
+
+    A coroutine (or other awaitable) an agent returns is run on the worker's own event loop,
+    which lasts as long as the worker; so does every module an agent imports. After a
+    ``MemoryError`` the worker stops (the parent ends it)."""
     if hasattr(os, "setpgid"):
         # Its own process group, so the parent can kill whatever the agent started as well.
         with contextlib.suppress(OSError):
             os.setpgid(0, 0)
-    _end_with_parent(writer)
+    _end_with_parent(lifeline)
     try:
         if max_memory_bytes:
             _limit_memory(max_memory_bytes)
     except Exception as exc:
-        writer.send(("setup", f"could not set the memory limit: {type(exc).__name__}: {exc}"))
+        conn.send(("setup", f"could not set the memory limit: {type(exc).__name__}: {exc}"))
         return
-    message: tuple[Any, ...]
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    while True:
+        try:
+            agent, task = conn.recv()
+        except (EOFError, OSError):
+            return  # the parent closed the pipe: the worker is ended
+        except BaseException as exc:  # sent whole, but this process cannot unpickle it
+            conn.send(_error_message(exc))
+            continue
+        message = _run_one(loop, agent, task)
+        try:
+            conn.send(message)
+        except Exception as exc:
+            conn.send(_error_message(exc) if message[0] != "ok" else _unpicklable_result(exc))
+        del agent, task
+        if message[0] == "memory":
+            return
+
+
+def _run_one(loop: asyncio.AbstractEventLoop, agent: Any, task: SandboxTask) -> tuple[Any, ...]:
     try:
         call = agent_callable(agent)
         if call is None:
             raise TypeError(f"{agent!r} has no chat(task) method and is not callable")
         result = call(task)
         if isawaitable(result):
-            result = asyncio.run(_await(result))
-        message = ("ok", result)
+            result = loop.run_until_complete(_await(result))
+        return ("ok", result)
     except MemoryError as exc:
-        message = ("memory", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        return ("memory", f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
     except BaseException as exc:
-        message = _error_message(exc)
-    try:
-        writer.send(message)
-    except Exception as exc:
-        writer.send(_error_message(exc) if message[0] != "ok" else _unpicklable_result(exc))
-    finally:
-        writer.close()
+        return _error_message(exc)
 
 
 def _unpicklable_result(exc: Exception) -> tuple[str, Any, str, str, str]:
@@ -146,7 +165,7 @@ def _unpicklable_result(exc: Exception) -> tuple[str, Any, str, str, str]:
 # --- the parent ---------------------------------------------------------------------------
 
 
-def _context() -> BaseContext:
+def context() -> BaseContext:
     methods = multiprocessing.get_all_start_methods()
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
@@ -178,7 +197,7 @@ def _server(preload: tuple[str, ...]) -> Any:
         return server
 
 
-def _preloaded_process(preload: tuple[str, ...]) -> type[BaseProcess] | None:
+def preloaded_process(preload: tuple[str, ...]) -> type[BaseProcess] | None:
     """A Process class whose children fork from a server that imported ``preload``; None
     where there is no fork server (then children are spawned and import what they need)."""
     if _PreloadedProcess is None:
@@ -230,7 +249,7 @@ if "forkserver" in multiprocessing.get_all_start_methods():
     _PreloadedProcess = _ForkedProcess
 
 
-def _kill(process: BaseProcess) -> None:
+def kill(process: BaseProcess) -> None:
     pid = process.pid
     if pid is not None and hasattr(os, "killpg"):
         # The group exists once the child has called setpgid; before that this finds nothing.
@@ -240,7 +259,7 @@ def _kill(process: BaseProcess) -> None:
         process.kill()
 
 
-async def _readable(fd: int, clock: Clock, timeout_s: float | None) -> bool:
+async def readable(fd: int, clock: Clock, timeout_s: float | None) -> bool:
     """Wait until ``fd`` is readable (True) or ``timeout_s`` passes on ``clock`` (False)."""
     loop = asyncio.get_running_loop()
     outcome: asyncio.Future[bool] = loop.create_future()
@@ -272,16 +291,16 @@ async def _poll_readable(fd: int, clock: Clock, timeout_s: float | None) -> bool
     return True
 
 
-async def _reap(process: BaseProcess, clock: Clock, grace_s: float) -> None:
+async def reap(process: BaseProcess, clock: Clock, grace_s: float) -> None:
     """Wait up to ``grace_s`` for the child to exit, kill it if it has not, and reap it."""
-    if process.exitcode is None and not await _readable(process.sentinel, clock, grace_s):
-        _kill(process)
+    if process.exitcode is None and not await readable(process.sentinel, clock, grace_s):
+        kill(process)
     if process.exitcode is None:
-        await _readable(process.sentinel, clock, None)
+        await readable(process.sentinel, clock, None)
     process.join()
 
 
-async def _start(process: BaseProcess) -> None:
+async def start(process: BaseProcess) -> None:
     # Starting may wait for a fresh forkserver to boot: do it off the event loop. The start
     # cannot be abandoned half-way, so on cancellation it is finished, then the child killed.
     starting = asyncio.ensure_future(asyncio.to_thread(process.start))
@@ -291,83 +310,14 @@ async def _start(process: BaseProcess) -> None:
 
         def stop(done: asyncio.Future[None]) -> None:
             if not done.cancelled() and done.exception() is None:
-                _kill(process)
+                kill(process)
                 process.join()
 
         starting.add_done_callback(stop)
         raise
 
 
-async def run_in_process(
-    agent: Any,
-    task: SandboxTask,
-    timeout_s: float,
-    max_memory_bytes: int,
-    clock: Clock,
-    *,
-    preload: Sequence[str] = (),
-) -> tuple[bool, Any, SandboxError | None]:
-    """Run the agent in a child process; ``(completed, result, error)``.
-
-    With ``preload`` (module names), the child is forked from a server process that has
-    imported them once, so it does not import them again (a module that fails to import
-    there is left to the child)."""
-    if max_memory_bytes and not _HAVE_RLIMIT:
-        return False, None, SandboxStartError("memory limits need a POSIX system")
-    try:
-        pickle.dumps((agent, task))
-    except Exception as exc:
-        return (
-            False,
-            None,
-            SandboxStartError(
-                "isolation='process' needs an agent that can be pickled (define its class or "
-                f"function at module level): {type(exc).__name__}: {exc}"
-            ),
-        )
-    context = _context()
-    # Duplex: the child watches its end for the parent's going away (see _end_with_parent).
-    reader, writer = context.Pipe(duplex=True)
-    preloaded = _preloaded_process(tuple(preload)) if preload else None
-    process = (preloaded or context.Process)(  # type: ignore[attr-defined]
-        target=child_main,
-        args=(writer, agent, task, max_memory_bytes),
-        name="corral-sandbox",
-        daemon=True,
-    )
-    if preloaded is not None:
-        process.preload = tuple(preload)  # type: ignore[union-attr]
-    try:
-        try:
-            await _start(process)
-        finally:
-            writer.close()  # the child holds its own copy; EOF here means it is gone
-    except asyncio.CancelledError:
-        reader.close()
-        raise
-    except Exception as exc:
-        reader.close()
-        return False, None, SandboxStartError(f"the child process did not start: {exc}")
-    started = clock.monotonic()
-    try:
-        arrived = await _readable(reader.fileno(), clock, timeout_s)
-        if not arrived:
-            _kill(process)
-            await _reap(process, clock, 0.0)
-            elapsed = clock.monotonic() - started
-            return False, None, SandboxTimeoutError(timeout_s, elapsed, process.pid)
-        message = _receive(reader)
-        await _reap(process, clock, _EXIT_GRACE_S)
-    except asyncio.CancelledError:
-        _kill(process)
-        process.join()
-        raise
-    finally:
-        reader.close()
-    return _outcome(message, process, max_memory_bytes)
-
-
-def _receive(reader: Connection) -> Any:
+def receive(reader: Connection) -> Any:
     """The child's message; None when it ended without one."""
     try:
         return reader.recv()
@@ -383,7 +333,7 @@ def _receive(reader: Connection) -> Any:
         )
 
 
-def _outcome(
+def outcome(
     message: Any, process: BaseProcess, max_memory_bytes: int
 ) -> tuple[bool, Any, SandboxError | None]:
     pid = process.pid

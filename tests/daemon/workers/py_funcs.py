@@ -121,3 +121,21 @@ class _AsyncCallable:
 
 
 acallable = _AsyncCallable()
+
+
+_turns_seen = 0
+"""Module state: how many turns :func:`moods` has run in this worker process."""
+
+
+def moods(prompt: str, context: TurnContext) -> str:
+    """Does what the prompt says: ``pid`` (``<pid> <turns this process has run>``), ``exit``
+    (``os._exit(3)``), ``sleep`` (as :func:`sleeps`), ``hog`` (as :func:`hog`)."""
+    global _turns_seen
+    _turns_seen += 1
+    if prompt == "exit":
+        os._exit(3)
+    if prompt == "sleep":
+        return sleeps(prompt, context)
+    if prompt == "hog":
+        return hog(prompt, context)
+    return f"{os.getpid()} {_turns_seen}"

@@ -1,6 +1,12 @@
 """The harnesses: the seam that runs one turn of an agent, and its three implementations."""
 
-from corral.daemon.harnesses._base import Harness, TurnFailedError, TurnRequest, TurnResult
+from corral.daemon.harnesses._base import (
+    Harness,
+    TurnFailedError,
+    TurnRequest,
+    TurnResult,
+    WarmHarness,
+)
 from corral.daemon.harnesses._command import CommandHarness
 from corral.daemon.harnesses._openai import OpenAIHarness
 from corral.daemon.harnesses._python import PythonHarness, TurnContext
@@ -14,4 +20,5 @@ __all__ = [
     "TurnFailedError",
     "TurnRequest",
     "TurnResult",
+    "WarmHarness",
 ]

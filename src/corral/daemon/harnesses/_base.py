@@ -84,3 +84,17 @@ class Harness(Protocol):
     async def run_turn(self, request: TurnRequest) -> TurnResult: ...
 
     async def reap(self, agent_id: str, state_dir: Path) -> bool: ...
+
+
+@runtime_checkable
+class WarmHarness(Protocol):
+    """A harness that keeps something per agent between its turns (a worker process).
+
+    The service calls ``release`` once an agent has ended (stopped, failed), after its turn
+    is over, and ``aclose`` when it shuts down; both end what is kept and must be safe to
+    call for any agent, and more than once.
+    """
+
+    async def release(self, agent_id: str) -> None: ...
+
+    async def aclose(self) -> None: ...

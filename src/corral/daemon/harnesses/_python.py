@@ -1,31 +1,35 @@
 """``PythonHarness``: one turn is one call of a Python function named ``module:function``,
-made in a worker process of its own so that nothing the function does can take the daemon
-down."""
+made in a worker process kept for its agent, so that nothing the function does can take the
+daemon down and a turn costs a message over a pipe, not a fork."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import inspect
+import logging
 import math
 import signal
-from collections.abc import Callable, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from corral.daemon.harnesses._base import TurnFailedError, TurnRequest, TurnResult
-from corral.kernel import InvalidArgumentError
+from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError
 from corral.kernel import _validate as v
 from corral.resilience import (
-    SandboxConfig,
     SandboxError,
     SandboxInterruptedError,
     SandboxMemoryError,
     SandboxStartError,
     SandboxTimeoutError,
-    run_sandboxed,
+    SandboxWorker,
 )
+
+logger = logging.getLogger("corral.daemon")
 
 _RESULT_KEYS = frozenset({"output", "tokens", "costUsd"})
 
@@ -34,6 +38,12 @@ DEFAULT_MAX_MEMORY_BYTES = 1024**3
 
 PRELOAD = ("corral.daemon",)
 """What the worker processes' fork server imports once (what agent modules usually import)."""
+
+DEFAULT_IDLE_S = 60.0
+"""How long an agent's worker is kept without a turn unless told."""
+
+DEFAULT_MAX_WORKERS = 256
+"""How many workers are kept at most unless told (the least recently used end first)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,22 +62,27 @@ class TurnContext:
 
 class PythonHarness:
     """Calls ``spec.function`` (``package.module:function``) as ``function(prompt, context)``
-    in a worker process.
+    in a worker process kept for its agent.
 
-    ``context`` is a :class:`TurnContext`. Each turn runs in a fresh process (through
-    :func:`corral.resilience.run_sandboxed` with ``isolation="process"``), forked from a
-    server that has imported ``corral.daemon`` once; the process imports the function's
-    module, calls it and sends its result back. A coroutine function is run to its end with
-    ``asyncio.run``; a plain function is called (its result may be an awaitable, which is
-    then run too). The function returns the output as a ``str``, or a dict ``{"output": str,
-    "tokens": int, "costUsd": float | None}`` (``tokens`` and ``costUsd`` optional, 0 by
-    default; no other keys), or raises :class:`TurnFailedError` itself to report a failure
-    with its usage.
+    ``context`` is a :class:`TurnContext`. An agent's first turn starts its worker (a
+    :class:`corral.resilience.SandboxWorker`, forked from a server that has imported
+    ``corral.daemon`` once); later turns reuse it, one at a time. The worker imports the
+    function's module, calls it and sends its result back. A coroutine function is run to its
+    end on the worker's own event loop; a plain function is called in the worker (its result
+    may be an awaitable, which is then run too). The function returns the output as a
+    ``str``, or a dict ``{"output": str, "tokens": int, "costUsd": float | None}`` (``tokens``
+    and ``costUsd`` optional, 0 by default; no other keys), or raises
+    :class:`TurnFailedError` itself to report a failure with its usage.
 
-    Nothing the function does reaches the daemon: its process is limited to
+    Nothing the function does reaches the daemon: its worker is limited to
     ``max_memory_bytes`` of address space, and is killed (its whole process group) at the
-    turn's timeout and when the turn is cancelled (a stop, a shutdown). A fresh process per
-    turn means module state does not outlive a turn: keep what must last in ``workdir``.
+    turn's timeout, when it goes over its memory limit, when it dies, and when the turn is
+    cancelled (a stop, a shutdown); the agent's next turn starts a fresh worker. Module state
+    (what the function's module keeps in globals) lasts as long as the agent's worker, which
+    is never shared with another agent; it is lost when the worker ends (see above, and:
+    after ``idle_s`` seconds without a turn, when more than ``max_workers`` are kept (the
+    least recently used first), at :meth:`release` and :meth:`aclose`). Keep what must last
+    in ``workdir``.
 
     Failed turns (:class:`TurnFailedError`): the module cannot be imported in the worker
     (any error raised while importing it) or has no such callable; the function raises (the
@@ -84,13 +99,34 @@ class PythonHarness:
         *,
         max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES,
         preload: Sequence[str] = PRELOAD,
+        idle_s: float = DEFAULT_IDLE_S,
+        max_workers: int = DEFAULT_MAX_WORKERS,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        v.non_negative_int("PythonHarness", "max_memory_bytes", max_memory_bytes)
+        where = "PythonHarness"
+        v.non_negative_int(where, "max_memory_bytes", max_memory_bytes)
+        v.positive_number(where, "idle_s", idle_s)
+        v.positive_int(where, "max_workers", max_workers)
+        v.instance_of(where, "clock", clock, Clock)
         self.max_memory_bytes = max_memory_bytes
         self.preload = tuple(preload)
+        self.idle_s = idle_s
+        self.max_workers = max_workers
+        self.clock = clock
+        # Agent id -> its worker and when its last turn ended; least recently used first.
+        self._workers: OrderedDict[str, _Kept] = OrderedDict()
+        self._sweeper: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
-        return f"PythonHarness(max_memory_bytes={self.max_memory_bytes})"
+        return (
+            f"PythonHarness(max_memory_bytes={self.max_memory_bytes}, idle_s={self.idle_s:g}, "
+            f"max_workers={self.max_workers})"
+        )
+
+    @property
+    def workers(self) -> dict[str, int | None]:
+        """The kept workers: agent id -> worker pid (None while it starts)."""
+        return {agent_id: kept.worker.pid for agent_id, kept in self._workers.items()}
 
     async def run_turn(self, request: TurnRequest) -> TurnResult:
         """Run one turn; see the class docstring. Raises ``InvalidArgumentError`` when the
@@ -110,13 +146,15 @@ class PythonHarness:
             workdir=request.workdir,
             env={**request.spec.env, **request.env},
         )
-        config = SandboxConfig(
-            timeout_s=request.timeout_s,
-            max_memory_bytes=self.max_memory_bytes,
-            isolation="process",
-            preload=self.preload,
-        )
-        ran = await run_sandboxed(_Turn(target, context), request.prompt, config)
+        kept = await self._worker_for(request.agent_id)
+        try:
+            ran = await kept.worker.run(
+                _Turn(target, context), request.prompt, timeout_s=request.timeout_s
+            )
+        finally:
+            kept.used = self.clock.monotonic()
+            if kept.worker.ended and self._workers.get(request.agent_id) is kept:
+                del self._workers[request.agent_id]
         if ran.error is not None:
             raise _worker_failed(target, ran.error, request.timeout_s)
         outcome = ran.result
@@ -128,11 +166,89 @@ class PythonHarness:
         )
 
     async def reap(self, agent_id: str, state_dir: Path) -> bool:
-        """A python turn's worker ends with its turn, and by itself when the daemon dies
-        (see ``corral.resilience``'s process isolation): always False."""
+        """A python agent's worker is this process's child and ends by itself when the daemon
+        dies (see ``corral.resilience``'s process isolation): a new daemon has nothing to end,
+        always False."""
         v.non_empty_str("PythonHarness.reap", "agent_id", agent_id)
         v.instance_of("PythonHarness.reap", "state_dir", state_dir, Path)
         return False
+
+    async def release(self, agent_id: str) -> None:
+        """End ``agent_id``'s worker, if one is kept (the agent has ended). A turn still in
+        its worker fails (the daemon cancels an agent's turn before it releases it)."""
+        v.non_empty_str("PythonHarness.release", "agent_id", agent_id)
+        kept = self._workers.pop(agent_id, None)
+        if kept is not None:
+            kept.worker.kill()
+            await kept.worker.close()
+
+    async def end_idle(self) -> int:
+        """End the workers that have had no turn for ``idle_s`` seconds (on ``clock``); how
+        many were ended. Called on its own every ``idle_s / 2`` seconds while workers are
+        kept."""
+        now = self.clock.monotonic()
+        idle = [
+            agent_id
+            for agent_id, kept in self._workers.items()
+            if not kept.worker.busy and now - kept.used >= self.idle_s
+        ]
+        await self._end(idle)
+        return len(idle)
+
+    async def aclose(self) -> None:
+        """End every kept worker (a turn still in one fails) and the idle sweep; the harness
+        may be used again afterwards (it starts workers anew)."""
+        sweeper, self._sweeper = self._sweeper, None
+        if sweeper is not None:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
+        kept = list(self._workers.values())
+        self._workers.clear()
+        for one in kept:
+            one.worker.kill()
+        await asyncio.gather(*(one.worker.close() for one in kept))
+
+    # --- the kept workers -------------------------------------------------------------------
+
+    async def _worker_for(self, agent_id: str) -> _Kept:
+        kept = self._workers.get(agent_id)
+        if kept is None or kept.worker.ended:
+            over = len(self._workers) + 1 - self.max_workers
+            if over > 0:
+                # Least recently used first; a worker in a turn is left to finish it.
+                lru = [a for a, k in self._workers.items() if not k.worker.busy][:over]
+                await self._end(lru)
+            worker = SandboxWorker(
+                max_memory_bytes=self.max_memory_bytes, preload=self.preload, clock=self.clock
+            )
+            kept = _Kept(worker, self.clock.monotonic())
+            self._workers[agent_id] = kept
+        self._workers.move_to_end(agent_id)
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.create_task(self._sweep(), name="corral-python-idle")
+        return kept
+
+    async def _end(self, agent_ids: Sequence[str]) -> None:
+        ending = [self._workers.pop(a) for a in agent_ids if a in self._workers]
+        await asyncio.gather(*(kept.worker.close() for kept in ending))
+
+    async def _sweep(self) -> None:
+        """End idle workers every ``idle_s / 2`` seconds, until none is kept."""
+        while self._workers:
+            await self.clock.sleep(self.idle_s / 2)
+            try:
+                await self.end_idle()
+            except Exception:
+                logger.exception("python harness: could not end idle workers")
+
+
+@dataclass(slots=True)
+class _Kept:
+    """An agent's worker and when its last turn ended (on the harness's clock)."""
+
+    worker: SandboxWorker
+    used: float
 
 
 # --- the worker's side --------------------------------------------------------------------
@@ -155,30 +271,46 @@ class _Turn:
     target: str
     context: TurnContext
 
-    def __call__(self, prompt: str) -> TurnResult | _Failed:
+    def __call__(
+        self, prompt: str
+    ) -> TurnResult | _Failed | Coroutine[Any, Any, TurnResult | _Failed]:
+        """The turn's outcome; for a coroutine function (or an awaitable result), a coroutine
+        the worker runs to its end on its own event loop, giving the outcome."""
         target = self.target
         try:
             function = _resolve(target)
-            if _is_async(function):
-                result = asyncio.run(function(str(prompt), self.context))
-            else:
-                result = function(str(prompt), self.context)
-                if inspect.isawaitable(result):
-                    result = asyncio.run(_awaited(result))
-            return _result(target, result)
-        except TurnFailedError as exc:
-            kept = ("message", "retryable", "dimension")
-            details = {k: v for k, v in exc.details.items() if k not in kept}
-            return _Failed(exc.message, exc.usage, details, exc.dimension)
-        except MemoryError:
-            raise  # the sandbox reports it against the memory limit
-        except BaseException as exc:  # SystemExit and KeyboardInterrupt are the agent's too
-            failed = _raised(target, exc)
-            return _Failed(failed.message, None, dict(failed.details))
+            result = function(str(prompt), self.context)
+        except BaseException as exc:
+            return _caught(target, exc)
+        if inspect.isawaitable(result):
+            return self._finish(result)
+        return _settled(target, result)
+
+    async def _finish(self, result: Any) -> TurnResult | _Failed:
+        try:
+            value = await result
+        except BaseException as exc:
+            return _caught(self.target, exc)
+        return _settled(self.target, value)
 
 
-async def _awaited(value: Any) -> Any:
-    return await value
+def _settled(target: str, result: Any) -> TurnResult | _Failed:
+    try:
+        return _result(target, result)
+    except TurnFailedError as exc:
+        return _caught(target, exc)
+
+
+def _caught(target: str, exc: BaseException) -> _Failed:
+    """The failed turn an exception from the function stands for."""
+    if isinstance(exc, TurnFailedError):
+        kept = ("message", "retryable", "dimension")
+        details = {k: v for k, v in exc.details.items() if k not in kept}
+        return _Failed(exc.message, exc.usage, details, exc.dimension)
+    if isinstance(exc, MemoryError):
+        raise exc  # the worker reports it against the memory limit
+    failed = _raised(target, exc)  # SystemExit and KeyboardInterrupt are the agent's too
+    return _Failed(failed.message, None, dict(failed.details))
 
 
 def _resolve(target: str) -> Callable[..., Any]:
@@ -254,13 +386,6 @@ def _raised(target: str, exc: BaseException) -> TurnFailedError:
         function=target,
         exception=type(exc).__name__,
     )
-
-
-def _is_async(function: Callable[..., Any]) -> bool:
-    if inspect.iscoroutinefunction(function):
-        return True
-    call = getattr(function, "__call__", None)  # noqa: B004 -- an object with async __call__
-    return call is not None and inspect.iscoroutinefunction(call)
 
 
 def _result(target: str, result: Any) -> TurnResult:
