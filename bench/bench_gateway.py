@@ -61,6 +61,9 @@ READER = "bench-reader"
 
 READ_GW = "SELECT id, customer_id, status, total, created_at, meta FROM orders WHERE id = $1"
 READ_PG = "SELECT id, customer_id, status, total, created_at, meta FROM orders WHERE id = %s"
+WIDE = "SELECT id, customer_id, status, total, created_at, meta FROM orders WHERE id > {} "
+WIDE_ROWS = 1000  # the gateway's default max_rows: the widest read it answers whole
+WIDE_READS = 300
 INSERT_GW = "INSERT INTO bench_events (id, order_id, amount) VALUES ($1, $2, $3)"
 INSERT_PG = "INSERT INTO bench_events (id, order_id, amount) VALUES (%s, %s, %s)"
 JOIN_SQL = (
@@ -180,6 +183,25 @@ async def run_pairs(dsn: str) -> list[str]:
 
             gw_times, pg_times = await paired(gw_read, pg_read, READS)
             lines.append(_line("primary-key read", gw_times, pg_times, 1.3))
+
+            wide_gw = WIDE.format("$1") + f"ORDER BY id LIMIT {WIDE_ROWS}"
+            wide_pg = WIDE.format("%s") + f"ORDER BY id LIMIT {WIDE_ROWS}"
+
+            async def gw_wide(_: int) -> object:
+                start = rng.randint(0, ORDERS - WIDE_ROWS)
+                result = await gw.query(AGENT, {"sql": wide_gw, "params": [start]})
+                if result.row_count != WIDE_ROWS:
+                    raise RuntimeError(f"a wide read gave {result.row_count} rows")
+                return result
+
+            async def pg_wide(_: int) -> object:
+                start = rng.randint(0, ORDERS - WIDE_ROWS)
+                async with pool.connection() as conn:
+                    cur = await conn.execute(wide_pg, [start])
+                    return await cur.fetchall()
+
+            gw_times, pg_times = await paired(gw_wide, pg_wide, WIDE_READS)
+            lines.append(_line(f"{WIDE_ROWS:,}-row read", gw_times, pg_times, 1.5))
 
             # Disjoint id ranges: gateway ids are even, direct ids odd; warm-up ids negative.
             async def gw_insert(i: int) -> object:
