@@ -13,7 +13,7 @@ import pytest
 from corral.daemon import ServeConfig, TargetOptions
 from corral.daemon._databases import Databases
 from corral.daemon._targets import parse_db_setting, target_options
-from corral.gateway import DEFAULT_MAX_STATEMENT_CHARS, Gateway, GatewayError
+from corral.gateway import Gateway, GatewayError
 from corral.kernel import InvalidArgumentError
 from tests.gateway.corpus import shop_sqlite_file
 from tests.test_cli import corral, ok, refused
@@ -160,7 +160,7 @@ async def test_the_limits_a_target_enforces_are_shown(tmp_path: Path) -> None:
         assert local["limits"] == {
             "maxRows": 50,
             "maxBytes": 4096,
-            "maxStatementChars": DEFAULT_MAX_STATEMENT_CHARS,
+            "maxStatementChars": 100_000,
             "statementTimeoutS": 2,
             "agentRole": False,
         }

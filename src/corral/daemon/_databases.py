@@ -8,6 +8,7 @@ import base64
 import datetime as dt
 import decimal
 import functools
+import inspect
 import ipaddress
 import logging
 import math
@@ -109,15 +110,11 @@ class Databases:
         options = {} if options is None else options
         check_target_options("Databases.open", targets, options)
         try:
-            from corral.gateway import (
-                DEFAULT_MAX_BYTES,
-                DEFAULT_MAX_STATEMENT_CHARS,
-                BreakerPolicy,
-                Gateway,
-            )
+            from corral.gateway import BreakerPolicy, Gateway
         except ModuleNotFoundError as exc:
             raise GatewayNotInstalledError(exc.name or "corral.gateway") from None
         policy = breaker if breaker is not None else BreakerPolicy()
+        defaults = _defaults(Gateway, "max_bytes", "max_statement_chars")
         opened: dict[str, Gateway] = {}
         # Made first, so that each gateway's on_freeze hook has it to tell.
         databases = cls({}, service=service)
@@ -141,8 +138,10 @@ class Databases:
                     opened[name] = await Gateway.connect("sqlite:///" + where, **common)
                 databases._limits[name] = TargetLimits(
                     max_rows=max_rows,
-                    max_bytes=_or(given.max_bytes, DEFAULT_MAX_BYTES),
-                    max_statement_chars=_or(given.max_statement_chars, DEFAULT_MAX_STATEMENT_CHARS),
+                    max_bytes=_or(given.max_bytes, defaults["max_bytes"]),
+                    max_statement_chars=_or(
+                        given.max_statement_chars, defaults["max_statement_chars"]
+                    ),
                     statement_timeout_s=statement_timeout_s,
                     agent_role=given.agent_role is not None,
                 )
@@ -343,6 +342,14 @@ class Databases:
 
 def _or(value: int | None, default: int) -> int:
     return default if value is None else value
+
+
+def _defaults(gateway: type[Gateway], *names: str) -> dict[str, int]:
+    """``Gateway.connect``'s defaults for ``names``: the limits a target enforces when the
+    daemon leaves them to the gateway, read where the gateway states them (its signature),
+    so that ``GET /gateway`` says what is enforced whatever they become."""
+    parameters = inspect.signature(gateway.connect).parameters
+    return {name: int(parameters[name].default) for name in names}
 
 
 def waiting_decisions(service: AgentService, databases: Databases | None) -> list[Json]:

@@ -2,7 +2,6 @@
 writes or runaway queries. :class:`Gateway` is the way in (``Gateway.connect(dsn)``); the manual
 is docs/gateway.md, the design docs/architecture.md (seed 003)."""
 
-from corral.gateway._bounds import DEFAULT_MAX_BYTES
 from corral.gateway._breaker_journal import (
     FreezeJournal,
     PostgresFreezeJournal,
@@ -17,15 +16,13 @@ from corral.gateway._breaker_records import (
 )
 from corral.gateway._catalog import Catalog
 from corral.gateway._errors import GatewayError
-from corral.gateway._gateway import DEFAULT_MAX_STATEMENT_CHARS, Gateway
+from corral.gateway._gateway import Gateway
 from corral.gateway._ops import compile_operation
 from corral.gateway._result import GatewayResult, QueryOutcome
 from corral.gateway._sqlite_gateway import SQLiteGateway
 from corral.gateway.postgres._sql import analyze
 
 __all__ = [
-    "DEFAULT_MAX_BYTES",
-    "DEFAULT_MAX_STATEMENT_CHARS",
     "BreakerPolicy",
     "BreakerStatus",
     "Catalog",
