@@ -5,15 +5,20 @@ with who and why, and history. Against a real PostgreSQL and a real SQLite file.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
 import signal
 import sys
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx
+import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests.gateway.corpus import SHOP_ROWS, shop_sqlite_file
 from tests.gateway.gateway_support import shop_dsn
@@ -24,9 +29,10 @@ __all__ = ["shop_dsn"]  # a fixture
 pytestmark = pytest.mark.postgres
 
 
-@pytest.fixture
-async def daemon_url(tmp_path: Path, shop_dsn: str) -> AsyncIterator[str]:
-    local = shop_sqlite_file(tmp_path)
+@contextlib.asynccontextmanager
+async def serving(tmp_path: Path, *args: str) -> AsyncIterator[tuple[str, str]]:
+    """``corral serve --port 0 ...args`` in its own process: its URL and the line it printed;
+    stopped with SIGTERM, which must end it cleanly."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -38,10 +44,7 @@ async def daemon_url(tmp_path: Path, shop_dsn: str) -> AsyncIterator[str]:
         f"sqlite:///{tmp_path}/corral.db",
         "--home",
         str(tmp_path / "home"),
-        "--db",
-        f"shop={shop_dsn}",
-        "--db",
-        f"local=sqlite:///{local}",
+        *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "CORRAL_TOKEN": ""},
@@ -51,13 +54,22 @@ async def daemon_url(tmp_path: Path, shop_dsn: str) -> AsyncIterator[str]:
         line = (await asyncio.wait_for(proc.stdout.readline(), 20)).decode()
         found = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
         assert found, line
-        assert "databases local, shop" in line
-        yield found.group(1)
+        yield found.group(1), line
     finally:
         proc.send_signal(signal.SIGTERM)
         _, stderr = await asyncio.wait_for(proc.communicate(), 20)
     assert proc.returncode == 0, stderr
     assert b"Traceback" not in stderr
+
+
+@pytest.fixture
+async def daemon_url(tmp_path: Path, shop_dsn: str) -> AsyncIterator[str]:
+    local = shop_sqlite_file(tmp_path)
+    async with serving(
+        tmp_path, "--db", f"shop={shop_dsn}", "--db", f"local=sqlite:///{local}"
+    ) as (url, line):
+        assert "databases local, shop" in line
+        yield url
 
 
 async def gw(url: str, *args: str) -> str:
@@ -160,6 +172,83 @@ async def test_freeze_decide_reinstate_and_history(daemon_url: str) -> None:
         )
     )
     assert resolved["rows"] == [{"x": 1}]
+
+
+@pytest.fixture
+def separated_roles(shop_dsn: str) -> Iterator[tuple[str, str]]:
+    """An owner's DSN and an agent role, made as docs/gateway.md "Deploying on PostgreSQL"
+    lists (roles are the cluster's: unique names, dropped after)."""
+    suffix = uuid.uuid4().hex[:8]
+    owner, agent = f"corral_owner_{suffix}", f"corral_agents_{suffix}"
+    with psycopg.connect(shop_dsn, autocommit=True) as conn:
+        dbname = conn.info.dbname
+        conn.execute(f"CREATE ROLE {agent} NOLOGIN NOSUPERUSER")
+        conn.execute(f"GRANT USAGE ON SCHEMA public TO {agent}")
+        conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {agent}")
+        conn.execute(f"GRANT INSERT, UPDATE, DELETE ON orders, refunds TO {agent}")
+        conn.execute(f"GRANT USAGE ON SEQUENCE invoice_numbers TO {agent}")
+        conn.execute(f"CREATE ROLE {owner} LOGIN NOSUPERUSER")
+        conn.execute(f"GRANT {agent} TO {owner}")
+        conn.execute(f"GRANT CONNECT ON DATABASE {dbname} TO {owner}")
+        conn.execute(f"CREATE SCHEMA corral AUTHORIZATION {owner}")
+    params = conninfo_to_dict(shop_dsn)
+    params["user"] = owner
+    params.pop("password", None)
+    try:
+        yield make_conninfo("", **params), agent
+    finally:
+        with psycopg.connect(shop_dsn, autocommit=True) as conn:
+            conn.execute("DROP SCHEMA corral CASCADE")
+            for role in (owner, agent):
+                conn.execute(f"DROP OWNED BY {role}")
+                conn.execute(f"DROP ROLE {role}")
+
+
+async def test_serve_with_an_agent_role_and_limits_per_database(
+    tmp_path: Path, separated_roles: tuple[str, str]
+) -> None:
+    dsn, agent_role = separated_roles
+    local = shop_sqlite_file(tmp_path)
+    async with serving(
+        tmp_path,
+        "--db",
+        f"shop={dsn}",
+        "--db",
+        f"local=sqlite:///{local}",
+        "--db-option",
+        f"shop.agent_role={agent_role}",
+        "--db-option",
+        "shop.max_bytes=8388608",
+        "--db-option",
+        "local.max_statement_chars=5000",
+    ) as (url, _):
+        sql = "SELECT current_user AS u, count(*) AS n FROM orders"
+        answer = json.loads(await gw(url, "query", "a-1", sql, "-t", "shop", "--json"))
+        assert answer["rows"] == [{"u": agent_role, "n": len(SHOP_ROWS["orders"][1])}]
+        async with httpx.AsyncClient(base_url=url) as http:
+            targets = (await http.get("/gateway")).json()["targets"]
+    limits = {t["name"]: t["limits"] for t in targets}
+    assert limits == {
+        "local": {
+            "maxRows": 1000,
+            "maxBytes": 16 * 1024 * 1024,
+            "maxStatementChars": 5000,
+            "statementTimeoutS": 5.0,
+            "agentRole": False,
+        },
+        "shop": {
+            "maxRows": 1000,
+            "maxBytes": 8388608,
+            "maxStatementChars": 100_000,
+            "statementTimeoutS": 5.0,
+            "agentRole": True,
+        },
+    }
+    # Nothing of the DSN or of the role's name is shown.
+    shown = json.dumps(targets)
+    assert agent_role not in shown
+    assert dsn not in shown
+    assert "corral_owner_" not in shown
 
 
 async def test_serve_refuses_a_bad_or_repeated_db(tmp_path: Path) -> None:

@@ -20,8 +20,9 @@ from corral.daemon import (
     build_mcp_server,
     create_app,
 )
-from corral.daemon._databases import Databases, parse_db_option, to_json
+from corral.daemon._databases import Databases, to_json
 from corral.daemon._errors import UnknownTargetError
+from corral.daemon._targets import parse_db_option
 from corral.gateway import BreakerPolicy, Gateway, GatewayError
 from corral.kernel import InvalidArgumentError
 from tests.gateway.corpus import SHOP_ROWS, shop_sqlite_file
@@ -185,6 +186,8 @@ async def test_targets_and_schema(env: Env) -> None:
         ("shop", "postgresql"),
     ]
     assert all(t["tables"] >= 4 and t["frozenAgents"] == 0 for t in targets)
+    assert [t["limits"]["maxRows"] for t in targets] == [1000, 1000]
+    assert not any(t["limits"]["agentRole"] for t in targets)
     orders = next(t for t in schema["tables"] if t["name"] == "orders")
     assert orders["primaryKey"] == ["id"]
     assert "status" in [c["name"] for c in orders["columns"]]

@@ -696,6 +696,18 @@ async def test_openapi_lists_the_paths_and_describes_the_bodies(front: FrontDoor
         schemas[query_ref.rsplit("/", 1)[1]]["properties"]
     )
     assert {"200", "400", "404", "408", "409", "422", "423", "429"} <= set(query["responses"])
+    listed = doc["paths"]["/gateway"]["get"]["responses"]["200"]["content"]["application/json"]
+    target_ref = schemas[listed["schema"]["$ref"].rsplit("/", 1)[1]]["properties"]["targets"]
+    target = schemas[target_ref["items"]["$ref"].rsplit("/", 1)[1]]
+    assert set(target["properties"]) == {"name", "dialect", "tables", "frozenAgents", "limits"}
+    limits_ref = next(s["$ref"] for s in target["properties"]["limits"]["anyOf"] if "$ref" in s)
+    assert set(schemas[limits_ref.rsplit("/", 1)[1]]["properties"]) == {
+        "maxRows",
+        "maxBytes",
+        "maxStatementChars",
+        "statementTimeoutS",
+        "agentRole",
+    }
     spawn = doc["paths"]["/agents"]["post"]
     ref = spawn["requestBody"]["content"]["application/json"]["schema"]["$ref"]
     spawn_body = schemas[ref.rsplit("/", 1)[1]]

@@ -40,15 +40,27 @@ def serve(
             "(postgresql://..., sqlite:///PATH); repeat for several.",
         ),
     ] = None,
+    db_option: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--db-option",
+            help="A gateway setting of one --db database, as NAME.OPTION=VALUE: max_bytes, "
+            "max_statement_chars, or (PostgreSQL) agent_role, replay_cache_bytes; "
+            "repeat for several.",
+        ),
+    ] = None,
 ) -> None:
     """Run the daemon until interrupted."""
-    from corral.daemon._databases import parse_db_option
     from corral.daemon._server import ServeConfig, log_to_stderr
     from corral.daemon._server import serve as run_server
+    from corral.daemon._targets import parse_db_option, parse_db_setting, target_options
 
     config: dict[str, Any] = {"host": host, "port": port, "token": token or target(ctx).token}
     with refusals():
-        config["databases"] = _databases(parse_db_option(item) for item in db or [])
+        databases = _databases(parse_db_option(item) for item in db or [])
+        config["databases"] = databases
+        settings = [parse_db_setting(item) for item in db_option or []]
+        config["db_options"] = target_options(databases, settings)
     if store is not None:
         config["store"] = store
     if home is not None:

@@ -39,6 +39,7 @@ from corral.daemon._service import AgentService, CommandResult
 from corral.daemon._spec import AgentSpec, parse_spec
 from corral.daemon._state import State, replay
 from corral.daemon._status import http_status
+from corral.daemon._targets import TargetOptions
 from corral.daemon.harnesses import (
     CommandHarness,
     Harness,
@@ -88,6 +89,7 @@ __all__ = [
     "State",
     "Store",
     "StoreUnavailableError",
+    "TargetOptions",
     "TurnContext",
     "TurnFailedError",
     "TurnRequest",

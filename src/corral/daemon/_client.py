@@ -12,9 +12,9 @@ from urllib.parse import quote, urlencode
 import httpx
 
 from corral.daemon import _errors
-from corral.daemon._databases import check_target_name
 from corral.daemon._errors import DaemonError, UnknownTargetError
 from corral.daemon._events import Event
+from corral.daemon._targets import check_target_name
 from corral.kernel import SYSTEM_CLOCK, Clock, CorralError, InvalidArgumentError
 from corral.kernel import _validate as v
 

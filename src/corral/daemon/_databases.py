@@ -8,17 +8,24 @@ import base64
 import datetime as dt
 import decimal
 import functools
+import inspect
 import ipaddress
 import logging
 import math
 import re
 import uuid
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from corral.daemon._dsn import parse_dsn
 from corral.daemon._errors import GatewayNotInstalledError, NotFrozenError, UnknownTargetError
 from corral.daemon._service import AgentService
+from corral.daemon._targets import (
+    TargetOptions,
+    check_target_name,
+    check_target_options,
+    target_kind,
+)
 from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError
 from corral.kernel import _validate as v
 
@@ -28,27 +35,28 @@ if TYPE_CHECKING:
 Json = dict[str, Any]
 logger = logging.getLogger("corral.daemon.gateway")
 
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
-_NAME_RULE = "a letter, then up to 62 letters, digits, '_' or '-'"
 _AGENT_MAX = 200
 
 
-def parse_db_option(text: Any) -> tuple[str, str]:
-    """``NAME=DSN`` as ``(name, dsn)``. The DSN is ``postgresql://...``, a libpq keyword
-    string (``host=... dbname=...``), ``sqlite:///PATH`` or a file path. Raises
-    ``InvalidArgumentError`` naming what is wrong."""
-    where = "--db"
-    v.non_empty_str(where, "value", text)
-    name, sep, dsn = text.partition("=")
-    if not sep or not dsn.strip():
-        raise InvalidArgumentError(where, "value", "NAME=DSN, like shop=postgresql://...", text)
-    check_target_name(where, name, argument="NAME")
-    return name, dsn.strip()
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TargetLimits:
+    """What a database's gateway enforces on every request, as opened: shown in
+    ``GET /gateway`` (whether an agent role is set, never which, nor anything of the DSN)."""
 
+    max_rows: int
+    max_bytes: int
+    max_statement_chars: int
+    statement_timeout_s: float
+    agent_role: bool
 
-def target_kind(dsn: str) -> tuple[str, str]:
-    """``("postgresql", dsn)`` or ``("sqlite", path)`` for a target's DSN."""
-    return parse_dsn(dsn, where="--db", name="DSN")
+    def to_json(self) -> Json:
+        return {
+            "maxRows": self.max_rows,
+            "maxBytes": self.max_bytes,
+            "maxStatementChars": self.max_statement_chars,
+            "statementTimeoutS": self.statement_timeout_s,
+            "agentRole": self.agent_role,
+        }
 
 
 class Databases:
@@ -61,14 +69,22 @@ class Databases:
     """
 
     def __init__(
-        self, gateways: Mapping[str, Gateway], *, service: AgentService | None = None
+        self,
+        gateways: Mapping[str, Gateway],
+        *,
+        service: AgentService | None = None,
+        limits: Mapping[str, TargetLimits] | None = None,
     ) -> None:
         v.instance_of("Databases", "gateways", gateways, Mapping)
         for name in gateways:
             check_target_name("Databases", name, argument="gateways")
         v.instance_of("Databases", "service", service, (AgentService, type(None)))
+        v.instance_of("Databases", "limits", limits, (Mapping, type(None)))
+        for limit in (limits or {}).values():
+            v.instance_of("Databases", "limits", limit, TargetLimits)
         self._gateways = dict(gateways)
         self._service = service
+        self._limits = dict(limits or {})
         self._told: set[str] = set()  # freezes the event log has (or has been sent)
 
     @classmethod
@@ -82,16 +98,23 @@ class Databases:
         max_rows: int = 1000,
         breaker: BreakerPolicy | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        options: Mapping[str, TargetOptions] | None = None,
     ) -> Databases:
         """Open a gateway for each ``name -> dsn`` of ``targets`` (all or none: a target
         that cannot be opened closes the others and raises its ``GatewayError``).
-        ``breaker`` None means the gateway's default policy."""
+        ``breaker`` None means the gateway's default policy. ``options`` maps some of the
+        names to their own :class:`TargetOptions` (an option of the other engine, or a name
+        that is not a target, raises ``InvalidArgumentError`` before anything opens; the
+        gateway's own checks of the values raise it too)."""
         v.instance_of("Databases.open", "targets", targets, Mapping)
+        options = {} if options is None else options
+        check_target_options("Databases.open", targets, options)
         try:
             from corral.gateway import BreakerPolicy, Gateway
         except ModuleNotFoundError as exc:
             raise GatewayNotInstalledError(exc.name or "corral.gateway") from None
         policy = breaker if breaker is not None else BreakerPolicy()
+        defaults = _defaults(Gateway, "max_bytes", "max_statement_chars")
         opened: dict[str, Gateway] = {}
         # Made first, so that each gateway's on_freeze hook has it to tell.
         databases = cls({}, service=service)
@@ -99,26 +122,29 @@ class Databases:
             for name, dsn in targets.items():
                 check_target_name("Databases.open", name, argument="targets")
                 kind, where = target_kind(dsn)
+                given = options.get(name, TargetOptions())
                 on_freeze = functools.partial(databases._on_freeze, name)
+                common: dict[str, Any] = {
+                    "statement_timeout_s": statement_timeout_s,
+                    "max_rows": max_rows,
+                    "breaker": policy,
+                    "clock": clock,
+                    "on_freeze": on_freeze,
+                    **given.given(),
+                }
                 if kind == "postgresql":
-                    opened[name] = await Gateway.connect(
-                        where,
-                        pool_size=pool_size,
-                        statement_timeout_s=statement_timeout_s,
-                        max_rows=max_rows,
-                        breaker=policy,
-                        clock=clock,
-                        on_freeze=on_freeze,
-                    )
+                    opened[name] = await Gateway.connect(where, pool_size=pool_size, **common)
                 else:
-                    opened[name] = await Gateway.connect(
-                        "sqlite:///" + where,
-                        statement_timeout_s=statement_timeout_s,
-                        max_rows=max_rows,
-                        breaker=policy,
-                        clock=clock,
-                        on_freeze=on_freeze,
-                    )
+                    opened[name] = await Gateway.connect("sqlite:///" + where, **common)
+                databases._limits[name] = TargetLimits(
+                    max_rows=max_rows,
+                    max_bytes=_or(given.max_bytes, defaults["max_bytes"]),
+                    max_statement_chars=_or(
+                        given.max_statement_chars, defaults["max_statement_chars"]
+                    ),
+                    statement_timeout_s=statement_timeout_s,
+                    agent_role=given.agent_role is not None,
+                )
             databases._gateways = dict(opened)
             await databases.log_unlogged_freezes()
         except BaseException:
@@ -167,7 +193,8 @@ class Databases:
         return name, gw
 
     def targets(self) -> list[Json]:
-        """Each database: name, dialect, number of tables and agents frozen there."""
+        """Each database: name, dialect, number of tables and agents frozen there, and the
+        limits its gateway enforces (None for a gateway not opened by :meth:`open`)."""
         answer = []
         for name in self.names:
             gw = self._gateways[name]
@@ -178,6 +205,7 @@ class Databases:
                     "dialect": catalog.dialect,
                     "tables": len(catalog.tables),
                     "frozenAgents": len(gw.frozen_agents()) if gw.breaker_policy else 0,
+                    "limits": limit.to_json() if (limit := self._limits.get(name)) else None,
                 }
             )
         return answer
@@ -312,6 +340,18 @@ class Databases:
             logger.exception("could not log the freeze of %s in %s", freeze.agent_id, name)
 
 
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def _defaults(gateway: type[Gateway], *names: str) -> dict[str, int]:
+    """``Gateway.connect``'s defaults for ``names``: the limits a target enforces when the
+    daemon leaves them to the gateway, read where the gateway states them (its signature),
+    so that ``GET /gateway`` says what is enforced whatever they become."""
+    parameters = inspect.signature(gateway.connect).parameters
+    return {name: int(parameters[name].default) for name in names}
+
+
 def waiting_decisions(service: AgentService, databases: Databases | None) -> list[Json]:
     """Everything waiting on a person, oldest first: blocked agents and, with
     ``databases``, agents frozen in a database."""
@@ -328,12 +368,6 @@ _CAMEL_KEYS = {
     "orderBy": "order_by",
     "allRows": "all_rows",
 }
-
-
-def check_target_name(where: str, name: Any, *, argument: str = "target") -> None:
-    """A database's name as ``--db`` takes it; ``InvalidArgumentError`` otherwise."""
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise InvalidArgumentError(where, argument, _NAME_RULE, name)
 
 
 def snake_request(request: Mapping[str, Any]) -> dict[str, Any]:

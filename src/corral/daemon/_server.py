@@ -21,12 +21,18 @@ import uvicorn
 from starlette.routing import Route
 
 from corral.daemon._api import LocalApi
-from corral.daemon._databases import Databases, check_target_name, target_kind
+from corral.daemon._databases import Databases
 from corral.daemon._dsn import parse_dsn, redacted
 from corral.daemon._errors import DaemonError
 from corral.daemon._http import create_app, is_loopback_host
 from corral.daemon._mcp import mcp_asgi_app
 from corral.daemon._service import AgentService
+from corral.daemon._targets import (
+    TargetOptions,
+    check_target_name,
+    check_target_options,
+    target_kind,
+)
 from corral.daemon.harnesses import CommandHarness, Harness, OpenAIHarness, PythonHarness
 from corral.daemon.stores import SQLiteStore, Store
 from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError, UsageError
@@ -81,7 +87,9 @@ class ServeConfig:
     (``postgresql://...``, a libpq keyword string, ``sqlite:///PATH`` or a file path; names
     are a letter then letters, digits, ``_`` or ``-``); they are opened when the daemon
     starts, and a database that cannot be reached stops it from starting. ``db_pool_size``,
-    ``db_statement_timeout_s`` and ``db_max_rows`` apply to every agent in every database.
+    ``db_statement_timeout_s`` and ``db_max_rows`` apply to every agent in every database;
+    ``db_options`` maps some of the databases' names to their own :class:`TargetOptions`
+    (an option of the other engine, or a name not in ``databases``, is refused here).
     ``port`` 0 picks a free port. ``token`` defaults to the ``CORRAL_TOKEN`` environment
     variable; a ``host`` that is not loopback without a token raises
     :class:`TokenRequiredError` here, before anything starts. ``store`` is a URL for
@@ -102,6 +110,7 @@ class ServeConfig:
     db_pool_size: int = 2
     db_statement_timeout_s: float = 5.0
     db_max_rows: int = 1000
+    db_options: Mapping[str, TargetOptions] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         where = "ServeConfig"
@@ -131,6 +140,8 @@ class ServeConfig:
         v.positive_int(where, "db_pool_size", self.db_pool_size)
         v.positive_number(where, "db_statement_timeout_s", self.db_statement_timeout_s)
         v.positive_int(where, "db_max_rows", self.db_max_rows)
+        check_target_options(where, self.databases, self.db_options)
+        object.__setattr__(self, "db_options", dict(self.db_options))
         if token is None and not is_loopback_host(self.host):
             raise TokenRequiredError(self.host)
 
@@ -183,6 +194,7 @@ async def serve(
                         statement_timeout_s=config.db_statement_timeout_s,
                         max_rows=config.db_max_rows,
                         clock=clock,
+                        options=config.db_options,
                     )
                 try:
                     await _run(config, service, databases, sock, listen_url, local_url, ready)

@@ -7,7 +7,8 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
-from pydantic import ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
 
 from corral.daemon._errors import InvalidRequestError
 from corral.daemon._http._common import (
@@ -91,6 +92,49 @@ class ReinstateBody(RequestBody):
     reason: str = Field(min_length=1)
 
 
+# --- answers (described in the OpenAPI document) ----------------------------------------------
+
+
+_ANSWER = ConfigDict(alias_generator=to_camel)
+
+
+class TargetLimitsAnswer(BaseModel):
+    """What a database's gateway enforces on every request."""
+
+    model_config = _ANSWER
+
+    max_rows: int = Field(description="Rows per answer at most (then `truncated`)")
+    max_bytes: int = Field(
+        description="Bytes of values per answer at most (then `truncated`, or "
+        "`result_too_large` for a first row over it)"
+    )
+    max_statement_chars: int = Field(description="Longest statement taken")
+    statement_timeout_s: float = Field(description="Per statement, in seconds")
+    agent_role: bool = Field(
+        description="Whether agents' SQL runs as a role of its own (which one is not shown)"
+    )
+
+
+class TargetAnswer(BaseModel):
+    """One database the daemon fronts (its DSN is never shown)."""
+
+    model_config = _ANSWER
+
+    name: str
+    dialect: str = Field(description="postgresql or sqlite")
+    tables: int = Field(description="Tables agents may use")
+    frozen_agents: int = Field(description="Agents frozen there")
+    limits: TargetLimitsAnswer | None = Field(
+        description="Null only for a gateway the daemon was handed already open (from Python)"
+    )
+
+
+class TargetsAnswer(BaseModel):
+    """``GET /gateway``."""
+
+    targets: list[TargetAnswer]
+
+
 # --- endpoints --------------------------------------------------------------------------------
 
 
@@ -142,7 +186,16 @@ _QUERY_ERRORS = {
 }
 
 ROUTES = [
-    ApiRoute("GET", "/gateway", targets, "The databases the daemon fronts", responses=errors(401)),
+    ApiRoute(
+        "GET",
+        "/gateway",
+        targets,
+        "The databases the daemon fronts, with the limits each enforces",
+        responses={
+            200: {"model": TargetsAnswer, "description": "The databases, by name"},
+            **errors(401),
+        },
+    ),
     ApiRoute(
         "GET",
         "/gateway/{target}/schema",

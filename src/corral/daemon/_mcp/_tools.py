@@ -305,7 +305,9 @@ TOOLS: tuple[Tool, ...] = (
         "db_targets",
         "List databases",
         "The databases agents reach through the gateway: name, dialect (postgresql or "
-        'sqlite), number of tables, agents frozen there, as {"targets": [...]}.',
+        "sqlite), number of tables, agents frozen there, and the limits each enforces "
+        "(maxRows, maxBytes, maxStatementChars, statementTimeoutS, agentRole), as "
+        '{"targets": [...]}.',
         NoArgs,
         _db_targets,
         read_only=True,
