@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+import sys
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from psycopg.pq.abc import PGconn, PGresult
 from psycopg.waiting import Wait
 
 from corral.gateway._result import unique_names
+from corral.gateway.postgres._memsize import memory_size
 from corral.gateway.postgres._pools import Lease
 
 __all__ = [
@@ -48,6 +50,7 @@ __all__ = [
     "with_text",
 ]
 
+_NO_CAP = sys.maxsize
 _CHUNKED = pq.version() >= 170000  # libpq 17 streams in chunks; older ones row by row
 # Dropping a prepared statement inside a pipeline (a Close message) needs libpq 17 as well;
 # older ones run every statement unprepared.
@@ -196,7 +199,8 @@ class Fetched:
     have passed the byte cap (that row and the rest were not kept), else None. ``rows``: how
     many of its rows were kept, at most the row limit plus one (its results may hold more:
     the rest of the chunk the byte cap was met in). ``bytes``: the bytes of the rows kept
-    (each value's length on the wire). ``over``: the bytes of the first row not kept for
+    (each value's length on the wire), counted once they came near the byte cap (so always
+    when it cut them; else it may be 0). ``over``: the bytes of the first row not kept for
     the byte cap. ``tuples``: the row count of its command tag, when a chunk of its rows
     held it (a chunk that ends the command does, and may be one past a cap, not kept).
     """
@@ -242,13 +246,17 @@ def _exchange(
     Group ``chunk_group`` is read in chunks of ``chunk`` rows. Once it has more than
     ``limit`` rows, or its next row would pass ``max_bytes``, either reading stops
     (``stop``: the rest is then still on its way) or its further rows are read and dropped.
+    Its values' bytes are counted one by one only once libpq's size of its chunks
+    (:func:`~._memsize.memory_size`, at least their bytes) could pass ``max_bytes``.
     """
     yield from send(pgconn)
     group: list[PGresult] = []
     groups = [group]
     fetched = Fetched()
     rows = 0
-    total = 0
+    total = 0  # the bytes of the rows kept, once counted exactly
+    bound = 0  # until then, libpq's size of the chunks kept: at least their bytes
+    exact = False
     while True:
         # _next_result, inlined: a generator per result costs more than the rest of the loop.
         if pgconn.is_busy():
@@ -283,7 +291,15 @@ def _exchange(
         take = result.ntuples
         if limit is not None and rows + take > limit:
             take = limit + 1 - rows  # the row past the limit is kept, to say the rows were cut
-        if max_bytes is not None:
+        if max_bytes is not None and not exact:
+            size = memory_size(result)
+            if size is not None and bound + size <= max_bytes:
+                bound += size  # the chunk fits: its values take no more than libpq holds
+            else:
+                # Near the cap (or no bound): every value kept is counted from here on.
+                exact = True
+                total = sum(_fitting(r, r.ntuples, 0, _NO_CAP)[1] for r in group)
+        if exact and max_bytes is not None:
             fit, total, over = _fitting(result, take, total, max_bytes)
             fetched.bytes = total
             if fit < take:
