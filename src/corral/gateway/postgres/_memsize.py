@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 from psycopg.pq.abc import PGresult
 
-__all__ = ["memory_size"]
+__all__ = ["has_memory_size", "memory_size"]
 
 _Size = Callable[[int], int]
 
@@ -63,10 +63,12 @@ except (OSError, ImportError):
     _SIZE = None
 
 
-def memory_size(result: PGresult) -> int | None:
+def has_memory_size() -> bool:
+    """Whether :func:`memory_size` can be called."""
+    return _SIZE is not None
+
+
+def memory_size(result: PGresult) -> int:
     """The bytes libpq holds for ``result``, at least the sum of its values' lengths on the
-    wire; None where libpq's size cannot be had (then count the values)."""
-    pointer = getattr(result, "pgresult_ptr", None)
-    if _SIZE is None or not pointer:
-        return None
-    return _SIZE(pointer)
+    wire (only where :func:`has_memory_size`)."""
+    return _SIZE(result.pgresult_ptr)  # type: ignore[attr-defined,misc]

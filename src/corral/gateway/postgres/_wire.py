@@ -23,7 +23,7 @@ from psycopg.pq.abc import PGconn, PGresult
 from psycopg.waiting import Wait
 
 from corral.gateway._result import unique_names
-from corral.gateway.postgres._memsize import memory_size
+from corral.gateway.postgres._memsize import has_memory_size, memory_size
 from corral.gateway.postgres._pools import Lease
 
 __all__ = [
@@ -201,8 +201,9 @@ class Fetched:
     the rest of the chunk the byte cap was met in). ``bytes``: the bytes of the rows kept
     (each value's length on the wire), counted once they came near the byte cap (so always
     when it cut them; else it may be 0). ``over``: the bytes of the first row not kept for
-    the byte cap. ``tuples``: the row count of its command tag, when a chunk of its rows
-    held it (a chunk that ends the command does, and may be one past a cap, not kept).
+    the byte cap. ``tuples`` (when not stopping at a cap): the row count of its command
+    tag, when a chunk of its rows held it (a chunk that ends the command does, and may be one
+    past a cap, not kept).
     """
 
     cut: Literal["rows", "bytes"] | None = None
@@ -257,6 +258,7 @@ def _exchange(
     total = 0  # the bytes of the rows kept, once counted exactly
     bound = 0  # until then, libpq's size of the chunks kept: at least their bytes
     exact = False
+    sized = has_memory_size()
     while True:
         # _next_result, inlined: a generator per result costs more than the rest of the loop.
         if pgconn.is_busy():
@@ -283,16 +285,17 @@ def _exchange(
         if len(groups) - 1 != chunk_group or not result.ntuples:
             group.append(result)
             continue
-        tuples = result.command_tuples
-        if tuples is not None:
-            fetched.tuples = tuples
+        if not stop:  # a write's row count (a read cut short has none)
+            tuples = result.command_tuples
+            if tuples is not None:
+                fetched.tuples = tuples
         if fetched.cut is not None:
             continue  # past a cap, not stopping: the rows are read and dropped
         take = result.ntuples
         if limit is not None and rows + take > limit:
             take = limit + 1 - rows  # the row past the limit is kept, to say the rows were cut
         if max_bytes is not None and not exact:
-            size = memory_size(result)
+            size = memory_size(result) if sized else None
             if size is not None and bound + size <= max_bytes:
                 bound += size  # the chunk fits: its values take no more than libpq holds
             else:
