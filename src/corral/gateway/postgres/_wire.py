@@ -1,6 +1,9 @@
 """The wire: a request's statements sent to PostgreSQL in one pipeline (one round trip), prepared
 per connection, and their results read back with psycopg's adapters."""
 
+# Over 500 lines: sending, reading under the caps and loading share the connection's
+# prepared statements and the inlined result loop; apart, they would hand those around.
+
 from __future__ import annotations
 
 import contextlib
