@@ -80,11 +80,19 @@ def _release(analysing: set[str], agent_id: str, done: asyncio.Future[Any]) -> N
 def _agent_id(where: str, agent_id: object) -> None:
     """Refuse an agent id that is not a non-empty string a journal stores exactly (keys and
     freezes are journalled under it; see :func:`~._request.unstorable`)."""
+    if type(agent_id) is str and agent_id in _ACCEPTED:
+        return  # every request names its agent: a few ids, each checked once
     v.non_empty_str(where, "agent_id", agent_id)
     if isinstance(agent_id, str) and unstorable(agent_id) is not None:
         raise InvalidArgumentError(
             where, "agent_id", "text without control characters or lone surrogates", agent_id
         )
+    if type(agent_id) is str and len(_ACCEPTED) < _ACCEPTED_MAX:
+        _ACCEPTED.add(agent_id)
+
+
+_ACCEPTED: set[str] = set()
+_ACCEPTED_MAX = 4096
 
 
 def _absent(where: str, engine: str, **given: object) -> None:

@@ -95,6 +95,18 @@ async def test_a_result_is_cut_at_max_bytes_while_it_is_read(shop_dsn: str) -> N
         assert small.warnings == ()
 
 
+async def test_the_cut_is_exact_when_the_cap_is_met_chunks_into_a_result(shop_dsn: str) -> None:
+    # 10,000-byte rows: the first chunks fit whole, and the cap falls exactly after row 100.
+    async with Gateway.connect(shop_dsn, max_bytes=1_000_000) as gw:
+        result = await gw.query(
+            AGENT,
+            {"sql": "SELECT repeat('x', 10000) AS s FROM generate_series(1, 300) ORDER BY 1"},
+        )
+        assert result.truncated
+        assert result.row_count == len(result.rows) == 100
+        assert "the first 100 row(s), 1000000 bytes" in result.warnings[0]
+
+
 async def test_a_first_row_over_max_bytes_is_refused(shop_dsn: str) -> None:
     async with Gateway.connect(shop_dsn, max_bytes=1_000_000) as gw:
         with pytest.raises(GatewayError) as caught:

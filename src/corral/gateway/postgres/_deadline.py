@@ -8,6 +8,8 @@ import asyncio
 import contextlib
 import os
 import socket
+import time
+from collections.abc import Callable
 
 import psycopg
 
@@ -36,16 +38,21 @@ class Watchdog:
         self._timeout_s = timeout_s
         self._margin = timeout_margin_s(timeout_s)
         self._tick = self._margin / 4
-        self._leases: dict[Lease, list[float]] = {}  # lease -> [started, cancel sent (0/1)]
+        self._leases: dict[Lease, float] = {}  # lease -> when its clock started
+        self._cancelled: set[Lease] = set()  # leases a cancel was sent for, still out
+        # The event loop's clock, taken when the watching task starts (before any lease).
+        self._time: Callable[[], float] = time.monotonic
         self._task: asyncio.Task[None] | None = None
         self._cancels: set[asyncio.Task[None]] = set()
 
     def watch(self, lease: Lease) -> None:
-        """Start ``lease``'s clock; :meth:`release` it when its request is done."""
-        loop = asyncio.get_running_loop()
-        self._leases[lease] = [loop.time(), 0.0]
+        """Start ``lease``'s clock; :meth:`release` it when its request is done. Called by
+        every request: one dict entry, nothing allocated."""
         if self._task is None:
+            loop = asyncio.get_running_loop()
+            self._time = loop.time
             self._task = loop.create_task(self._run())
+        self._leases[lease] = self._time()
 
     def release(self, lease: Lease) -> None:
         self._leases.pop(lease, None)
@@ -53,6 +60,7 @@ class Watchdog:
     def close(self) -> None:
         """Stop watching (the pools are closed: no lease is out)."""
         self._leases.clear()
+        self._cancelled.clear()
         if self._task is not None:
             self._task.cancel()
             self._task = None
@@ -69,14 +77,17 @@ class Watchdog:
             while self._leases:
                 await asyncio.sleep(self._tick)
                 now = loop.time()
-                for lease, state in list(self._leases.items()):
-                    late = now - state[0]
+                cancelled = self._cancelled
+                cancelled.intersection_update(self._leases)  # forget the leases released
+                for lease, started in list(self._leases.items()):
+                    late = now - started
                     if late >= cut_at:
                         del self._leases[lease]
+                        cancelled.discard(lease)
                         lease.timed_out = lease.discard = True
                         _shut_down(lease.conn)
-                    elif late >= cancel_at and not state[1]:
-                        state[1] = 1.0
+                    elif late >= cancel_at and lease not in cancelled:
+                        cancelled.add(lease)
                         lease.discard = True
                         task = loop.create_task(_cancel(lease, self._margin))
                         self._cancels.add(task)

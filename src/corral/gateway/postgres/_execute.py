@@ -103,7 +103,7 @@ async def run_read(lease: Lease, plan: Plan, *, max_rows: int, max_bytes: int) -
         # The verdict on an empty answer needs one snapshot for the rows and the EXISTS.
         return await _read_in_snapshot(lease, plan, max_rows=max_rows, max_bytes=max_bytes)
     columns = wire.column_names(described, encoding)
-    rows = wire.load_rows(tx, results, columns, max_rows)
+    rows = wire.load_rows(tx, results, columns, min(max_rows, fetched.rows))
     if plan.count_op and len(rows) == 1 and next(iter(rows[0].values())) == 0:
         return await _read_in_snapshot(lease, plan, max_rows=max_rows, max_bytes=max_bytes)
     if fetched.cut == "bytes":

@@ -1,11 +1,15 @@
 """The wire: a request's statements sent to PostgreSQL in one pipeline (one round trip), prepared
 per connection, and their results read back with psycopg's adapters."""
 
+# Over 500 lines: sending, reading under the caps and loading share the connection's
+# prepared statements and the inlined result loop; apart, they would hand those around.
+
 from __future__ import annotations
 
 import contextlib
 import functools
 import re
+import sys
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -22,9 +26,11 @@ from psycopg.pq.abc import PGconn, PGresult
 from psycopg.waiting import Wait
 
 from corral.gateway._result import unique_names
+from corral.gateway.postgres._memsize import has_memory_size, memory_size
 from corral.gateway.postgres._pools import Lease
 
 __all__ = [
+    "CHUNK_ROWS",
     "TEXT_OID",
     "Command",
     "Fetched",
@@ -47,6 +53,7 @@ __all__ = [
     "with_text",
 ]
 
+_NO_CAP = sys.maxsize
 _CHUNKED = pq.version() >= 170000  # libpq 17 streams in chunks; older ones row by row
 # Dropping a prepared statement inside a pipeline (a Close message) needs libpq 17 as well;
 # older ones run every statement unprepared.
@@ -192,28 +199,42 @@ class Fetched:
     """How the rows of a pipeline's limited command were read.
 
     ``cut``: ``rows`` when it had more than the row limit, ``bytes`` when its next row would
-    have passed the byte cap (that row and the rest were not kept), else None. ``bytes``: the
-    bytes of the rows kept (each value's length on the wire). ``over``: the bytes of the
-    first row not kept for the byte cap.
+    have passed the byte cap (that row and the rest were not kept), else None. ``rows``: how
+    many of its rows were kept, at most the row limit plus one (its results may hold more:
+    the rest of the chunk the byte cap was met in). ``bytes``: the bytes of the rows kept
+    (each value's length on the wire), counted once they came near the byte cap (so always
+    when it cut them; else it may be 0). ``over``: the bytes of the first row not kept for
+    the byte cap. ``tuples`` (when not stopping at a cap): the row count of its command
+    tag, when a chunk of its rows held it (a chunk that ends the command does, and may be one
+    past a cap, not kept).
     """
 
     cut: Literal["rows", "bytes"] | None = None
+    rows: int = 0
+    tuples: int | None = None
     bytes: int = 0
     over: int | None = None
 
 
-def _result_bytes(result: PGresult) -> int:
-    # psycopg gives a value's bytes, not its length alone: the copy is freed at once.
+# Rows per chunk when bytes are capped: libpq holds a whole chunk before it hands it over,
+# so a read holds at most max_bytes plus one chunk. One row per chunk (one result, and one
+# load, per row) made a thousand-row read take twice as long.
+CHUNK_ROWS = 64
+
+
+def _fitting(result: PGresult, count: int, total: int, max_bytes: int) -> tuple[int, int, int]:
+    """How many of the first ``count`` rows of ``result`` fit within ``max_bytes`` after
+    ``total`` bytes, the bytes they reach, and the bytes of the first row that does not fit
+    (0 when all do)."""
+    # psycopg gives a value's bytes, not its length alone: each copy is freed at once.
     value = result.get_value
     columns = range(result.nfields)
-    if result.ntuples == 1:  # row by row, as bytes are capped: the common case, inlined
-        return sum(len(data) for column in columns if (data := value(0, column)) is not None)
-    return sum(
-        len(data)
-        for row in range(result.ntuples)
-        for column in columns
-        if (data := value(row, column)) is not None
-    )
+    for row in range(count):
+        size = sum(len(data) for column in columns if (data := value(row, column)) is not None)
+        if total + size > max_bytes:
+            return row, total, size
+        total += size
+    return count, total, 0
 
 
 def _exchange(
@@ -227,15 +248,20 @@ def _exchange(
     """Send the pipeline and read every command's results up to its ``Sync``.
 
     Group ``chunk_group`` is read in chunks of ``chunk`` rows. Once it has more than
-    ``limit`` rows, or its next chunk would pass ``max_bytes``, either reading stops
+    ``limit`` rows, or its next row would pass ``max_bytes``, either reading stops
     (``stop``: the rest is then still on its way) or its further rows are read and dropped.
+    Its values' bytes are counted one by one only once libpq's size of its chunks
+    (:func:`~._memsize.memory_size`, at least their bytes) could pass ``max_bytes``.
     """
     yield from send(pgconn)
     group: list[PGresult] = []
     groups = [group]
     fetched = Fetched()
     rows = 0
-    total = 0
+    total = 0  # the bytes of the rows kept, once counted exactly
+    bound = 0  # until then, libpq's size of the chunks kept: at least their bytes
+    exact = False
+    sized = has_memory_size()
     while True:
         # _next_result, inlined: a generator per result costs more than the rest of the loop.
         if pgconn.is_busy():
@@ -262,19 +288,38 @@ def _exchange(
         if len(groups) - 1 != chunk_group or not result.ntuples:
             group.append(result)
             continue
+        if not stop:  # a write's row count (a read cut short has none)
+            tuples = result.command_tuples
+            if tuples is not None:
+                fetched.tuples = tuples
         if fetched.cut is not None:
             continue  # past a cap, not stopping: the rows are read and dropped
-        if max_bytes is not None:
-            size = _result_bytes(result)
-            if total + size > max_bytes:
-                fetched.cut, fetched.over = "bytes", size
+        take = result.ntuples
+        if limit is not None and rows + take > limit:
+            take = limit + 1 - rows  # the row past the limit is kept, to say the rows were cut
+        if max_bytes is not None and not exact:
+            size = memory_size(result) if sized else None
+            if size is not None and bound + size <= max_bytes:
+                bound += size  # the chunk fits: its values take no more than libpq holds
+            else:
+                # Near the cap (or no bound): every value kept is counted from here on.
+                exact = True
+                total = sum(_fitting(r, r.ntuples, 0, _NO_CAP)[1] for r in group)
+        if exact and max_bytes is not None:
+            fit, total, over = _fitting(result, take, total, max_bytes)
+            fetched.bytes = total
+            if fit < take:
+                if fit:
+                    group.append(result)
+                rows += fit
+                fetched.rows = rows
+                fetched.cut, fetched.over = "bytes", over
                 if stop:
                     return groups, fetched
                 continue
-            total += size
-            fetched.bytes = total
         group.append(result)
-        rows += result.ntuples
+        rows += take
+        fetched.rows = rows
         if limit is not None and rows > limit:
             fetched.cut = "rows"
             if stop:
@@ -300,9 +345,11 @@ async def run_pipeline(
     """Run ``commands`` in one pipeline; each command's results (its parse error first, if
     preparing it failed), and how the rows of command ``limited`` were read.
 
-    With ``limit`` or ``max_bytes``, command ``limited`` is read row by row and keeps at most
-    ``limit + 1`` rows and ``max_bytes`` bytes of values; past either, it is cancelled on the
-    server (``stop``) or its further rows are read and dropped (a write, which must finish).
+    With ``limit`` or ``max_bytes``, command ``limited`` is read in chunks (of at most
+    :data:`CHUNK_ROWS` rows with ``max_bytes``) and keeps at most ``limit + 1`` rows and
+    ``max_bytes`` bytes of values (``Fetched.rows`` says how many of its results' rows);
+    past either, it is cancelled on the server (``stop``) or its further rows are read and
+    dropped (a write, which must finish).
     Errors of the statements come back as results, not exceptions. Anything raised (a lost
     connection, a cancelled task) marks the lease ``discard``: the connection's state is then
     unknown.
@@ -315,8 +362,9 @@ async def run_pipeline(
     groups: list[list[PGresult]] = []
     fetched = Fetched()
     bounded = limit is not None or max_bytes is not None
-    # Row by row when bytes are capped: libpq holds a whole chunk before it hands it over.
-    chunk = 1 if max_bytes is not None else (limit or 0) + 1
+    chunk = (limit or 0) + 1
+    if max_bytes is not None and (limit is None or chunk > CHUNK_ROWS):
+        chunk = CHUNK_ROWS  # libpq holds a whole chunk before it hands it over
     async with conn.lock:
         try:
             pgconn.enter_pipeline_mode()

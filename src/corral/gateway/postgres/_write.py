@@ -380,8 +380,13 @@ class _Write:
         described = wire.described(results)
         encoding = wire.statements_of(lease.conn).encoding
         columns = wire.column_names(described, encoding) if described else ()
-        kept = wire.load_rows(tx, results, columns, self.max_rows) if described else []
-        affected = max(results[-1].command_tuples or 0, 0) if results else 0
+        limit = min(self.max_rows, fetched.rows)
+        kept = wire.load_rows(tx, results, columns, limit) if described else []
+        # A chunk of the rows holds the tag when they came in chunks (and may not be kept).
+        tag = fetched.tuples
+        if tag is None and results:
+            tag = results[-1].command_tuples
+        affected = max(tag or 0, 0)
         truncated = fetched.cut is not None
         # A write is never refused for its size (it ran): its rows are cut, even to none.
         warnings: tuple[str, ...] = ()
