@@ -1,6 +1,9 @@
 """The gateway's front: one request pipeline (closed and frozen checks, planning with catalog
 reloads, the idempotency key, hooks, breakers) over a PostgreSQL or SQLite engine."""
 
+# A little past 500 lines: `connect` checks every option of both engines in one place (so the
+# messages read alike), and the pipeline's steps stay in the order a request meets them.
+
 from __future__ import annotations
 
 import asyncio
