@@ -12,6 +12,9 @@ from corral.gateway import BreakerPolicy, Freeze, Gateway, GatewayError, SQLiteG
 from corral.kernel import InvalidArgumentError
 from corral.runtime import FakeClock
 from tests.gateway.corpus import shop_sqlite_file
+from tests.gateway.gateway_support import shop_dsn
+
+__all__ = ["shop_dsn"]
 
 AGENT = "agent-7"
 
@@ -103,3 +106,54 @@ async def test_a_plain_on_freeze_hook_and_its_failure(shop: Path) -> None:
 def test_on_freeze_must_be_callable() -> None:
     with pytest.raises(InvalidArgumentError, match="on_freeze"):
         Gateway.connect("postgresql://127.0.0.1/x", on_freeze="no")  # type: ignore[arg-type]
+
+
+UNENCODABLE = [
+    {"sql": "SELECT $1 AS v", "params": ["half \ud800 pair"]},
+    {"sql": "SELECT 'half \ud800 pair' AS v"},
+    {"op": "find", "table": "orders", "where": {"status": "\udcff"}},
+    {
+        "op": "update",
+        "table": "orders",
+        "set": {"status": "x\ud800"},
+        "where": {"id": 1},
+        "idempotency_key": "k1",
+    },
+    {
+        "sql": "UPDATE orders SET status = $1 WHERE id = 1",
+        "params": ["\ud800"],
+        "idempotency_key": "k2",
+    },
+]
+
+
+@pytest.mark.parametrize("request_", UNENCODABLE)
+async def test_text_no_database_can_take_is_refused_before_anything_runs(
+    shop: Path, request_: dict[str, Any]
+) -> None:
+    # A lone surrogate cannot be encoded: it used to escape query() as a UnicodeEncodeError
+    # (and, in SQL text on PostgreSQL, as an analysis_error). It is the request's fault.
+    outcomes: list[str] = []
+    async with Gateway.connect(
+        f"sqlite:///{shop}",
+        clock=FakeClock(),
+        observe=lambda agent, outcome: outcomes.append(outcome.code),
+    ) as gw:
+        with pytest.raises(GatewayError) as caught:
+            await gw.query("agent-1", request_)
+    assert caught.value.code == "invalid_operation"
+    assert "lone surrogates" in caught.value.message
+    assert outcomes == ["invalid_operation"]  # reported like any refusal
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("request_", UNENCODABLE)
+async def test_text_no_database_can_take_is_refused_on_postgresql(
+    shop_dsn: str, request_: dict[str, Any]
+) -> None:
+    async with Gateway.connect(shop_dsn) as gw:
+        with pytest.raises(GatewayError) as caught:
+            await gw.query("agent-1", request_)
+        assert caught.value.code == "invalid_operation"
+        again = await gw.query("agent-1", {"sql": "SELECT 1 AS one"})
+        assert again.rows == [{"one": 1}]

@@ -31,7 +31,7 @@ from corral.gateway._dsn import engine_of
 from corral.gateway._engine import Engine
 from corral.gateway._errors import GatewayError, statement_too_long
 from corral.gateway._parse_threads import INLINE_CHARS, MAX_STATEMENT_CHARS
-from corral.gateway._request import request_text, unstorable
+from corral.gateway._request import request_text, unencodable, unstorable
 from corral.gateway._result import GatewayResult, QueryOutcome, outcome_code
 from corral.gateway.postgres._engine import PostgresEngine, PostgresOptions
 from corral.gateway.sqlite._engine import sqlite_engine
@@ -394,7 +394,15 @@ class Gateway:
         try:
             await engine.refresh_if_old()
             is_mapping = type(request) is dict or isinstance(request, Mapping)
+            if is_mapping:
+                bad = unencodable(request)
+                if bad is not None:
+                    raise bad
             sql = request.get("sql") if is_mapping else None
+            if isinstance(sql, str) and type(sql) is not str:
+                # A str subclass gets the same length limit and the same thread as a str.
+                sql = str(sql)
+                request = {**request, "sql": sql}
             if type(sql) is str and len(sql) > self._watched_chars:
                 planned = await self._plan_long(agent_id, request, sql)
             else:

@@ -17,6 +17,7 @@ __all__ = [
     "key_is_valid",
     "request_key",
     "request_text",
+    "unencodable",
     "unstorable",
 ]
 
@@ -30,6 +31,53 @@ KEY_EXPECTED = (
 # control characters in general (C0, DEL, C1) are refused alike on both engines, and a lone
 # surrogate cannot be encoded at all.
 _UNSTORABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+_MAX_WALK = 64  # nesting the walk follows; deeper values are refused by the planners
+
+
+_OWN_CHECKS = frozenset({"idempotency_key", "plan_hash"})  # request_key names them better
+
+
+def unencodable(value: Any, key: str = "request", depth: int = 0) -> GatewayError | None:
+    """``invalid_operation`` for the first string in ``value`` (a request: its text, its
+    parameters, its values and conditions, object keys included) that cannot be encoded
+    (a lone surrogate: no database can take it, and encoding it would raise far from here);
+    None when every string can be. ASCII strings cost one call. The request's own keys
+    (``idempotency_key``, ``plan_hash``) are left to :func:`request_key`."""
+    kind = type(value)
+    if kind is str:
+        if value.isascii():
+            return None
+        found = _SURROGATE.search(value)
+        if found is None:
+            return None
+        return invalid(
+            key, value, f"text without lone surrogates (U+{ord(found.group()):04X} found)"
+        )
+    if kind is int or kind is float or kind is bool or value is None or depth > _MAX_WALK:
+        return None
+    if kind is list or kind is tuple:
+        for index, item in enumerate(value):
+            bad = unencodable(item, f"{key}[{index}]", depth + 1)
+            if bad is not None:
+                return bad
+        return None
+    if isinstance(value, Mapping):
+        for name, item in value.items():
+            if depth == 0 and name in _OWN_CHECKS:
+                continue
+            where = key if not (type(name) is str and name.isascii()) else name
+            if depth > 0 and where is name:
+                where = f"{key}.{name}"
+            bad = unencodable(name, key, depth + 1) or unencodable(item, where, depth + 1)
+            if bad is not None:
+                return bad
+        return None
+    if isinstance(value, str):  # a str subclass
+        return unencodable(str(value), key, depth)
+    return None
 
 
 def unstorable(text: str) -> str | None:
