@@ -4,6 +4,7 @@ cap."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import time
 from pathlib import Path
@@ -104,3 +105,32 @@ async def test_keyed_writes_store_and_replay_a_capped_result(shop: Path) -> None
     finally:
         conn.close()
     assert size < 1_500_000  # three 300 KB blobs, as base64
+
+
+async def test_cancelled_requests_are_still_interrupted_at_their_deadline(shop: Path) -> None:
+    # A client that gives up (a dropped connection cancels the request's task) must not leave
+    # its statement holding a worker thread: the statement is still interrupted at its
+    # deadline, or never starts. Without that, 40 cancelled 0.25 s statements queued on four
+    # threads kept every agent waiting for about 2.5 s.
+    endless = (
+        "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT count(*) FROM r"
+    )
+    async with SQLiteGateway.connect(shop, statement_timeout_s=0.25) as gw:
+        for _ in range(40):
+            task = asyncio.create_task(gw.query("agent-gone", {"sql": endless}))
+            await asyncio.sleep(0.005)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        started = time.monotonic()
+        codes: list[str] = []
+        result = None
+        while result is None and time.monotonic() - started < 1.5:
+            try:
+                result = await gw.query(AGENT, {"sql": "SELECT 1 AS one"})
+            except GatewayError as exc:  # queued behind the cancelled ones: try again
+                codes.append(exc.code)
+        assert set(codes) <= {"statement_timeout"}
+        assert result is not None
+        assert result.rows == [{"one": 1}]
+        assert time.monotonic() - started < 1.5

@@ -136,14 +136,29 @@ class SQLiteEngine:
         timer = loop.call_later(self._timeout_s, watch.interrupt)
         try:
             await asyncio.wait({future}, timeout=self._timeout_s + self._margin_s)
-        finally:
-            timer.cancel()
+        except asyncio.CancelledError:
+            # The caller is gone, its statement is not: the timer stays armed, so the statement
+            # is still interrupted at its deadline (or never starts, if it is still queued);
+            # otherwise cancelled requests would hold the worker threads for as long as they
+            # like, and every agent behind them would wait.
+            if future.done():
+                timer.cancel()
+                _retrieved(future)
+            else:
+                self._abandon(future)
+                future.add_done_callback(lambda _: timer.cancel())
+            raise
+        timer.cancel()
         if future.done():
             return future.result()
+        self._abandon(future)
+        raise timed_out(self._timeout_s, writing=key is not None, key=key)
+
+    def _abandon(self, future: asyncio.Future[Any]) -> None:
+        # Its thread finishes on its own; closing waits for it, and what it raises is dropped.
         self._abandoned.add(future)
         future.add_done_callback(self._abandoned.discard)
         future.add_done_callback(_retrieved)
-        raise timed_out(self._timeout_s, writing=key is not None, key=key)
 
     # --- lifecycle ----------------------------------------------------------------------------
 
