@@ -109,15 +109,29 @@ def _build(dialect: str, relations: dict[tuple[str, str], dict[str, Any]]) -> Ca
     version = hashlib.sha256(canonical.encode("utf-8")).hexdigest()
     tables: dict[str, Table] = {}
     sequences: dict[str, Table] = {}
+    ambiguous: set[tuple[str, str]] = set()
     for (schema, name), rel in relations.items():
         key = name.lower() if rel["visible"] else f"{schema}.{name}".lower()
-        into = sequences if rel["kind"] == "S" else tables
-        if key in into:
-            # Names that differ only by case (quoted identifiers) share a key: the first wins.
-            continue
+        kind = "S" if rel["kind"] == "S" else "T"
+        into = sequences if kind == "S" else tables
         columns = {
             c["name"]: Column(c["name"], c["type"], c["nullable"], c["primary_key"])
             for c in rel["columns"]
         }
-        into[key] = Table(name=name, schema=schema or None, columns=columns)
+        table = Table(name=name, schema=schema or None, columns=columns)
+        held = into.get(key)
+        if held is None and (kind, key) not in ambiguous:
+            into[key] = table
+            continue
+        # Names that differ only by case (quoted identifiers, "Orders" beside orders) share a
+        # key. The one an unquoted name reaches (all lower case) keeps it; when neither is
+        # that one, neither is offered: a request must never reach the other table.
+        if held is not None and held.name == held.name.lower():
+            continue
+        if name == name.lower():
+            into[key] = table
+            ambiguous.discard((kind, key))
+            continue
+        into.pop(key, None)
+        ambiguous.add((kind, key))
     return Catalog(tables=tables, version=version, dialect=dialect, sequences=sequences)

@@ -543,3 +543,41 @@ async def test_a_cut_read_leaves_its_connection_ready(shop_dsn: str) -> None:
             point = {"sql": "SELECT id FROM orders WHERE id = $1", "params": [4]}
             one = await gw.query(AGENT, point)
             assert (one.rows, one.truncated) == ([{"id": 4}], False)
+
+
+async def test_a_table_whose_name_differs_only_by_case_never_stands_in_for_another(
+    shop_dsn: str,
+) -> None:
+    # "Orders" (quoted) beside orders: both used to share one catalog entry, and the one the
+    # catalog query listed first answered for both: an update of orders changed "Orders".
+    execute(
+        shop_dsn,
+        'CREATE TABLE "Orders" (id int PRIMARY KEY, status text)',
+        "INSERT INTO \"Orders\" VALUES (1, 'other')",
+        'CREATE TABLE "Ghost" (id int)',
+        'CREATE TABLE "GHOST" (id int)',
+    )
+    before = fetch(shop_dsn, "SELECT status FROM orders WHERE id = 1")
+    async with Gateway.connect(shop_dsn) as gw:
+        table = gw.catalog.table("orders")
+        assert table is not None
+        assert table.name == "orders"
+        found = await gw.query(AGENT, {"op": "find", "table": "orders", "where": {"id": 1}})
+        assert found.rows[0]["status"] == before[0][0]
+        read = await gw.query(AGENT, {"sql": "SELECT status FROM orders WHERE id = 1"})
+        assert read.rows == [{"status": before[0][0]}]
+        await gw.query(
+            AGENT,
+            {
+                "op": "update",
+                "table": "orders",
+                "set": {"status": "changed"},
+                "where": {"id": 1},
+                "idempotency_key": "case-1",
+            },
+        )
+        # Two names of which neither is the lower-case one: neither is offered.
+        error = await refused(gw, {"sql": "SELECT * FROM ghost"})
+        assert error.code == "unknown_table"
+    assert fetch(shop_dsn, "SELECT status FROM orders WHERE id = 1") == [("changed",)]
+    assert fetch(shop_dsn, 'SELECT status FROM "Orders" WHERE id = 1') == [("other",)]
