@@ -14,6 +14,8 @@ from corral.daemon import (
     AgentNotFoundError,
     RemoteError,
     ServiceClosedError,
+    TurnFailedError,
+    TurnResult,
     create_app,
     http_status,
 )
@@ -912,3 +914,49 @@ def test_statuses_of_the_daemons_errors_and_other_errors() -> None:
     # A kernel error that shares a code with one of the daemon's keeps its family's status.
     assert http_status(BudgetExhaustedError("tokens", 1, 2)) == 500
     assert http_status(RemoteError("teapot", "short", status=418)) == 418
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        TurnFailedError("x", usage={"tokens": 1, "costUsd": float("nan")}),
+        TurnFailedError("x", usage={"tokens": -(10**9), "costUsd": -100.0}),
+        TurnFailedError("x", usage={"tokens": "abc"}),
+        TurnResult(output="ok", tokens=10**5000),
+        TurnResult(output="ok", tokens=1, cost_usd=float("inf")),
+    ],
+)
+async def test_a_usage_that_cannot_be_counted_fails_the_turn_and_poisons_nothing(
+    front: FrontDoor, outcome: object
+) -> None:
+    # An agent reports its own usage. NaN made every read of the record a 500, a negative
+    # count refused every later prompt, and a bad type or a 5,000-digit count left the agent
+    # running forever: none of it is counted now, and the turn says why.
+    front.harness.script("w", outcome)
+    agent_id = await front.spawn(name="w", prompt="go", onFailure="ask")
+    await front.settled(agent_id, "blocked")
+    record = front.service.get(agent_id)
+    assert record["usage"]["tokens"] == 0
+    assert "cannot be counted" in record["error"] or "was not counted" in record["error"]
+    async with front.client() as client:
+        assert (await client.get("/agents")).status_code == 200
+        assert (await client.get(f"/agents/{agent_id}")).status_code == 200
+        again = await client.post(f"/agents/{agent_id}/prompt", json={"text": "again"})
+        assert again.status_code == 202
+
+
+async def test_an_agent_token_acts_in_its_own_name_only(scoped_front: FrontDoor) -> None:
+    # A held agent answering its own decision must not be recorded as a person's answer.
+    scoped_front.harness.script("w", fail("held"))
+    agent_id = await scoped_front.spawn(name="w", prompt="go", onFailure="ask")
+    await scoped_front.settled(agent_id, "blocked")
+    async with scoped_front.agent_client(agent_id) as client:
+        forged = await client.post(
+            f"/agents/{agent_id}/prompt", json={"text": "again", "by": "alice", "why": "ok"}
+        )
+        assert forged.status_code == 403
+        assert forged.json()["error"]["code"] == "out_of_scope"
+        own = await client.post(f"/agents/{agent_id}/prompt", json={"text": "again"})
+        assert own.status_code == 202
+    (resolution,) = scoped_front.service.resolutions()
+    assert resolution["by"] == agent_id

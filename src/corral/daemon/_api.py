@@ -154,6 +154,7 @@ class ScopedService:
         idempotency_key: str | None = None,
     ) -> CommandResult:
         self.check(agent_id)
+        by = self.actor(by, "prompting")
         return await self.service.prompt(
             agent_id, text, by=by, why=why, idempotency_key=idempotency_key
         )
@@ -167,6 +168,7 @@ class ScopedService:
         idempotency_key: str | None = None,
     ) -> CommandResult:
         self.check(agent_id)
+        by = self.actor(by, "stopping")
         return await self.service.stop(agent_id, by=by, why=why, idempotency_key=idempotency_key)
 
     async def change_budget(
@@ -260,14 +262,19 @@ class ScopedService:
         self.check(agent_id)
         return await self.databases.history(target, agent_id)
 
-    def freezer(self, by: str | None) -> str | None:
-        """Who a freeze is recorded as: an agent freezes in its own name only."""
+    def actor(self, by: str | None, doing: str) -> str | None:
+        """Who a command is recorded as: the operator names anyone (``by``); an agent acts in
+        its own name only (``OutOfScopeError`` for another name): a record must never say a
+        person decided what an agent did."""
         if self.principal is None:
             return by
-        # The record must not say a person did it.
         if by is not None and by != self.principal:
-            raise OutOfScopeError(self.principal, f"freezing in the name of {by!r}")
+            raise OutOfScopeError(self.principal, f"{doing} in the name of {by!r}")
         return self.principal
+
+    def freezer(self, by: str | None) -> str | None:
+        """Who a freeze is recorded as: an agent freezes in its own name only."""
+        return self.actor(by, "freezing")
 
     async def freeze(
         self, target: str | None, agent_id: str, *, reason: str, by: str | None = None

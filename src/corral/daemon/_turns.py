@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -94,12 +95,47 @@ async def run(harness: Harness, turn: TurnRequest) -> Outcome:
     try:
         result = await harness.run_turn(turn)
     except TurnFailedError as exc:
+        error = escape(exc.message)
         usage = None if exc.usage is None else escape_json(dict(exc.usage))
-        return Outcome(error=escape(exc.message), usage=usage, dimension=_dimension(turn, exc))
+        problem = (
+            None
+            if usage is None
+            else usage_problem(usage.get("tokens", 0), usage.get("costUsd", 0.0))
+        )
+        if problem is not None:
+            # An agent reports its own usage: what cannot be counted is not (NaN would poison
+            # every read of the record, a negative count every later budget check).
+            error, usage = f"{error}; its usage was not counted: {problem}", None
+        return Outcome(error=error, usage=usage, dimension=_dimension(turn, exc))
     except Exception as exc:
         logger.exception("agent %s: harness %s raised", turn.agent_id, turn.spec.harness)
         return Outcome(error=escape(f"harness error: {type(exc).__name__}: {exc}"))
+    problem = usage_problem(result.tokens, result.cost_usd)
+    if problem is not None:
+        return Outcome(error=f"the turn reported a usage that cannot be counted: {problem}")
     return Outcome(result=replace(result, output=escape(result.output)))
+
+
+MAX_TOKENS = 2**53  # past any real count, and exact in a JSON number
+
+
+def usage_problem(tokens: Any, cost_usd: Any) -> str | None:
+    """Why a turn's reported usage cannot be counted (tokens a whole number from 0 to 2**53,
+    cost a finite number >= 0 or None for unknown), or None when it can."""
+    if type(tokens) is not int or not 0 <= tokens <= MAX_TOKENS:
+        return f"tokens must be a whole number from 0 to 2**53, got {_shown(tokens)}"
+    kind = type(cost_usd)
+    if cost_usd is not None and (
+        kind not in (int, float) or not math.isfinite(cost_usd) or cost_usd < 0
+    ):
+        return f"costUsd must be a finite number >= 0 or null, got {_shown(cost_usd)}"
+    return None
+
+
+def _shown(value: Any) -> str:
+    if type(value) is int and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"  # repr() refuses 4,300+ digits
+    return escape(repr(value)[:40])
 
 
 def _dimension(turn: TurnRequest, exc: TurnFailedError) -> str | None:
