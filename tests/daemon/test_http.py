@@ -852,7 +852,8 @@ async def test_an_agent_token_sees_only_its_own_decisions(scoped_front: FrontDoo
     await scoped_front.settled(mine, "blocked")
     await scoped_front.settled(theirs, "blocked")
     async with scoped_front.agent_client(lead) as client:
-        await client.post(f"/agents/{mine}/prompt", json={"text": "again", "by": "lead"})
+        # An agent's token acts in its own name: by, when given, is its id.
+        await client.post(f"/agents/{mine}/prompt", json={"text": "again", "by": lead})
         await scoped_front.settled(mine, "idle")
         answer = (await client.get("/decisions", params={"resolved": "true"})).json()
     assert answer["decisions"] == []
