@@ -11,17 +11,14 @@ import os
 import re
 import signal
 import sys
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
-import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests.gateway.corpus import SHOP_ROWS, shop_sqlite_file
-from tests.gateway.gateway_support import shop_dsn
+from tests.gateway.gateway_support import separated_roles, shop_dsn
 from tests.test_cli import corral, ok, refused
 
 __all__ = ["shop_dsn"]  # a fixture
@@ -175,39 +172,17 @@ async def test_freeze_decide_reinstate_and_history(daemon_url: str) -> None:
 
 
 @pytest.fixture
-def separated_roles(shop_dsn: str) -> Iterator[tuple[str, str]]:
+def roles(shop_dsn: str) -> Iterator[tuple[str, str]]:
     """An owner's DSN and an agent role, made as docs/gateway.md "Deploying on PostgreSQL"
     lists (roles are the cluster's: unique names, dropped after)."""
-    suffix = uuid.uuid4().hex[:8]
-    owner, agent = f"corral_owner_{suffix}", f"corral_agents_{suffix}"
-    with psycopg.connect(shop_dsn, autocommit=True) as conn:
-        dbname = conn.info.dbname
-        conn.execute(f"CREATE ROLE {agent} NOLOGIN NOSUPERUSER")
-        conn.execute(f"GRANT USAGE ON SCHEMA public TO {agent}")
-        conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {agent}")
-        conn.execute(f"GRANT INSERT, UPDATE, DELETE ON orders, refunds TO {agent}")
-        conn.execute(f"GRANT USAGE ON SEQUENCE invoice_numbers TO {agent}")
-        conn.execute(f"CREATE ROLE {owner} LOGIN NOSUPERUSER")
-        conn.execute(f"GRANT {agent} TO {owner}")
-        conn.execute(f"GRANT CONNECT ON DATABASE {dbname} TO {owner}")
-        conn.execute(f"CREATE SCHEMA corral AUTHORIZATION {owner}")
-    params = conninfo_to_dict(shop_dsn)
-    params["user"] = owner
-    params.pop("password", None)
-    try:
-        yield make_conninfo("", **params), agent
-    finally:
-        with psycopg.connect(shop_dsn, autocommit=True) as conn:
-            conn.execute("DROP SCHEMA corral CASCADE")
-            for role in (owner, agent):
-                conn.execute(f"DROP OWNED BY {role}")
-                conn.execute(f"DROP ROLE {role}")
+    with separated_roles(shop_dsn, writes="INSERT, UPDATE, DELETE") as made:
+        yield made
 
 
 async def test_serve_with_an_agent_role_and_limits_per_database(
-    tmp_path: Path, separated_roles: tuple[str, str]
+    tmp_path: Path, roles: tuple[str, str]
 ) -> None:
-    dsn, agent_role = separated_roles
+    dsn, agent_role = roles
     local = shop_sqlite_file(tmp_path)
     async with serving(
         tmp_path,

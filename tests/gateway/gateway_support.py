@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from corral.gateway import Gateway, GatewayError
 from corral.gateway.postgres._engine import PostgresEngine
@@ -126,3 +130,35 @@ async def on_thread(gw: Gateway, method: str, *args: Any, **kwargs: Any) -> Any:
     """Call the SQLite file's blocking ``method`` on one of ``gw``'s worker threads."""
     engine = sqlite_of(gw)
     return await engine.call(getattr(engine.file, method), *args, **kwargs)
+
+
+@contextlib.contextmanager
+def separated_roles(shop_dsn: str, *, writes: str) -> Iterator[tuple[str, str]]:
+    """An owner's DSN and an agent role, made as docs/gateway.md "Deploying on PostgreSQL"
+    lists: the owner logs in and owns the gateway's schema; the agent role holds ``writes``
+    (``INSERT, UPDATE``, ...) on orders and refunds and nothing of the gateway's. Roles are
+    the cluster's: unique names, dropped after."""
+    suffix = uuid.uuid4().hex[:8]
+    owner, agent = f"corral_owner_{suffix}", f"corral_agents_{suffix}"
+    with psycopg.connect(shop_dsn, autocommit=True) as conn:
+        dbname = conn.info.dbname
+        conn.execute(f"CREATE ROLE {agent} NOLOGIN NOSUPERUSER")
+        conn.execute(f"CREATE ROLE {owner} LOGIN NOSUPERUSER")
+        conn.execute(f"GRANT {agent} TO {owner}")  # so that the owner may SET ROLE to it
+        conn.execute(f"GRANT CONNECT ON DATABASE {dbname} TO {owner}")
+        conn.execute(f"GRANT USAGE ON SCHEMA public TO {agent}")
+        conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {agent}")
+        conn.execute(f"GRANT {writes} ON orders, refunds TO {agent}")
+        conn.execute(f"GRANT USAGE ON SEQUENCE invoice_numbers TO {agent}")
+        conn.execute(f"CREATE SCHEMA corral AUTHORIZATION {owner}")
+    params = conninfo_to_dict(shop_dsn)
+    params["user"] = owner
+    params.pop("password", None)
+    try:
+        yield make_conninfo("", **params), agent
+    finally:
+        with psycopg.connect(shop_dsn, autocommit=True) as conn:
+            conn.execute("DROP SCHEMA corral CASCADE")
+            for role in (owner, agent):
+                conn.execute(f"DROP OWNED BY {role}")
+                conn.execute(f"DROP ROLE {role}")

@@ -15,7 +15,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from corral.gateway import Gateway, GatewayError
 from corral.kernel import InvalidArgumentError
-from tests.gateway.gateway_support import postgres_of, refund, shop_dsn
+from tests.gateway.gateway_support import postgres_of, refund, separated_roles, shop_dsn
 
 __all__ = ["shop_dsn"]
 
@@ -78,39 +78,17 @@ async def test_a_least_privileged_role_reads_writes_and_is_refused_the_rest(
 
 
 @pytest.fixture
-def separated_roles(shop_dsn: str) -> Iterator[tuple[str, str]]:
+def roles(shop_dsn: str) -> Iterator[tuple[str, str]]:
     """The owner's DSN and the agent role: the owner logs in and owns the gateway's schema;
     the agent role holds the agents' grants on the shop and nothing of the gateway's."""
-    suffix = uuid.uuid4().hex[:8]
-    owner, agent = f"corral_owner_{suffix}", f"corral_agents_{suffix}"
-    with psycopg.connect(shop_dsn, autocommit=True) as conn:
-        dbname = conn.info.dbname
-        conn.execute(f"CREATE ROLE {agent} NOLOGIN NOSUPERUSER")
-        conn.execute(f"CREATE ROLE {owner} LOGIN NOSUPERUSER")
-        conn.execute(f"GRANT {agent} TO {owner}")  # so that the owner may SET ROLE to it
-        conn.execute(f"GRANT CONNECT ON DATABASE {dbname} TO {owner}")
-        conn.execute(f"GRANT USAGE ON SCHEMA public TO {agent}")
-        conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {agent}")
-        conn.execute(f"GRANT INSERT, UPDATE ON orders, refunds TO {agent}")
-        conn.execute(f"GRANT USAGE ON SEQUENCE invoice_numbers TO {agent}")
-        conn.execute(f"CREATE SCHEMA corral AUTHORIZATION {owner}")
-    params = conninfo_to_dict(shop_dsn)
-    params["user"] = owner
-    params.pop("password", None)
-    try:
-        yield make_conninfo("", **params), agent
-    finally:
-        with psycopg.connect(shop_dsn, autocommit=True) as conn:
-            conn.execute("DROP SCHEMA corral CASCADE")
-            for role in (owner, agent):
-                conn.execute(f"DROP OWNED BY {role}")
-                conn.execute(f"DROP ROLE {role}")
+    with separated_roles(shop_dsn, writes="INSERT, UPDATE") as made:
+        yield made
 
 
 async def test_agents_sql_runs_as_the_agent_role_and_the_owner_keeps_the_journal(
-    separated_roles: tuple[str, str],
+    roles: tuple[str, str],
 ) -> None:
-    dsn, agent_role = separated_roles
+    dsn, agent_role = roles
     async with Gateway.connect(dsn, agent_role=agent_role) as gw:
         who = await gw.query("a", {"sql": "SELECT current_user AS u"})
         assert who.rows == [{"u": agent_role}]
@@ -152,9 +130,9 @@ def test_agent_role_must_be_an_identifier(shop_dsn: str) -> None:
 
 
 async def test_gateways_racing_on_one_key_under_the_agent_role_run_it_once(
-    separated_roles: tuple[str, str],
+    roles: tuple[str, str],
 ) -> None:
-    dsn, agent_role = separated_roles
+    dsn, agent_role = roles
     gateways = [await Gateway.connect(dsn, agent_role=agent_role, key_wait_s=5) for _ in range(5)]
     try:
         outcomes = await asyncio.gather(*(gw.query("a", refund(902, key="k")) for gw in gateways))
