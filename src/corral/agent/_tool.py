@@ -64,7 +64,13 @@ class Tool:
     ``__call__``) are awaited; plain functions run in a worker thread so a blocking tool does
     not stall the event loop (a cancelled run abandons, but cannot interrupt, such a thread);
     a plain function that returns an awaitable has it awaited on the loop. The result is
-    returned to the model as text: strings as they are, anything else as JSON.
+    returned to the model as text: strings as they are, anything else as JSON. A function
+    that raises a :class:`ToolError` (a subclass of its own, say) has it passed on as it is,
+    so its message is what the model is told; anything else it raises becomes a
+    :class:`ToolFailedError`.
+
+    :meth:`from_schema` makes a tool whose JSON Schema is given rather than derived (a tool
+    described in data, such as a command of an agent spec).
     """
 
     __slots__ = ("_adapter", "_fn", "_is_async", "_params", "description", "name", "spec")
@@ -86,35 +92,86 @@ class Tool:
         self._is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
             type(fn).__call__
         )
-        self._adapter, self._params = _arguments_model(fn, self.name)
-        schema = self._adapter.model_json_schema()
+        adapter, self._params = _arguments_model(fn, self.name)
+        self._adapter: type[pydantic.BaseModel] | None = adapter
+        schema = adapter.model_json_schema()
         schema.pop("title", None)
         self.spec = ToolSpec(name=self.name, description=self.description, parameters=schema)
+
+    @classmethod
+    def from_schema(
+        cls,
+        fn: Callable[[dict[str, Any]], Any],
+        *,
+        name: str,
+        parameters: Mapping[str, Any],
+        description: str = "",
+    ) -> Tool:
+        """A tool offered to the model with ``parameters`` as its JSON Schema.
+
+        ``fn`` takes one argument: the model's arguments, a fresh ``dict`` (a JSON object),
+        and is awaited or run in a worker thread as the functions of :class:`Tool` are.
+        The arguments are not checked against ``parameters`` (they are only required to be
+        an object): ``fn`` checks what it relies on, raising :class:`ToolError` (or a
+        subclass) to tell the model what is wrong. ``parameters`` must be a JSON Schema
+        object whose ``type`` is ``"object"`` and that JSON can encode; it is copied.
+
+        Raises ``InvalidArgumentError`` when ``fn`` is not callable, ``name`` is empty,
+        ``description`` is not a string or ``parameters`` is not such an object.
+        """
+        where = "Tool.from_schema"
+        v.callable_(where, "fn", fn)
+        v.non_empty_str(where, "name", name)
+        v.instance_of(where, "description", description, str)
+        if not isinstance(parameters, Mapping) or parameters.get("type") != "object":
+            raise InvalidArgumentError(
+                where, "parameters", 'a JSON Schema object with "type": "object"', parameters
+            )
+        try:
+            schema = json.loads(json.dumps(parameters, allow_nan=False))
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise InvalidArgumentError(
+                where, "parameters", f"a JSON Schema that JSON can encode ({exc})", parameters
+            ) from None
+        self = cls.__new__(cls)
+        self._fn = fn
+        self.name = name
+        self.description = description
+        self._is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+            type(fn).__call__
+        )
+        self._adapter = None
+        self._params = ()
+        self.spec = ToolSpec(name=name, description=description, parameters=schema)
+        return self
 
     async def call(self, arguments: Mapping[str, Any]) -> str:
         """Validate ``arguments`` and run the tool.
 
         Raises ToolArgumentsError for invalid arguments and ToolFailedError when the tool
-        raises (``asyncio.CancelledError`` passes through); InvalidArgumentError when
-        ``arguments`` is not a mapping.
+        raises (a ToolError it raises and ``asyncio.CancelledError`` pass through);
+        InvalidArgumentError when ``arguments`` is not a mapping.
         """
         v.instance_of("Tool.call", "arguments", arguments, Mapping)
-        try:
-            parsed = self._adapter.model_validate(dict(arguments))
-        except pydantic.ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or '(arguments)'}: {e['msg']}"
-                for e in exc.errors()
-            )
-            raise ToolArgumentsError(self.name, problems) from None
         args: list[Any] = []
         kwargs: dict[str, Any] = {}
-        for field_name, param_name, positional in self._params:
-            value = getattr(parsed, field_name)
-            if positional:
-                args.append(value)
-            else:
-                kwargs[param_name] = value
+        if self._adapter is None:
+            args.append(dict(arguments))  # a schema tool: fn checks its own arguments
+        else:
+            try:
+                parsed = self._adapter.model_validate(dict(arguments))
+            except pydantic.ValidationError as exc:
+                problems = "; ".join(
+                    f"{'.'.join(str(p) for p in e['loc']) or '(arguments)'}: {e['msg']}"
+                    for e in exc.errors()
+                )
+                raise ToolArgumentsError(self.name, problems) from None
+            for field_name, param_name, positional in self._params:
+                value = getattr(parsed, field_name)
+                if positional:
+                    args.append(value)
+                else:
+                    kwargs[param_name] = value
         try:
             if self._is_async:
                 result = await self._fn(*args, **kwargs)
@@ -122,6 +179,8 @@ class Tool:
                 result = await asyncio.to_thread(self._fn, *args, **kwargs)
                 if inspect.isawaitable(result):
                     result = await result
+        except ToolError:
+            raise  # the tool's own account of what went wrong
         except Exception as exc:
             raise ToolFailedError(self.name, exc) from exc
         return _as_text(result)
