@@ -9,7 +9,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from corral.daemon import CommandHarness, Harness, TurnFailedError, TurnRequest,
 from corral.daemon.harnesses._command import PID_FILE
 from corral.kernel import InvalidArgumentError
 from tests.support.polling import settle
+from tests.support.processes import gone, read_pids, start_time
 
 WORKERS = Path(__file__).with_name("workers")
 WORKER = str(WORKERS / "cmd_worker.py")
@@ -31,6 +33,7 @@ def request(
     timeout_s: float = 10.0,
     env: dict[str, str] | None = None,
     spec_env: dict[str, str] | None = None,
+    paused_s: Callable[[], float] | None = None,
 ) -> TurnRequest:
     spec = parse_spec(
         {
@@ -53,28 +56,8 @@ def request(
         state_dir=state_dir,
         env=env or {},
         timeout_s=timeout_s,
+        paused_s=paused_s,
     )
-
-
-def gone(pid: int) -> bool:
-    """No such process, or only its zombie is left (nobody may reap it in a container)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except FileNotFoundError:
-        return True
-    return stat[stat.rfind(b")") + 2 :].split()[0] == b"Z"
-
-
-def start_time(pid: int) -> int:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        stat = f.read()
-    return int(stat[stat.rfind(b")") + 2 :].split()[19])
-
-
-def read_pids(workdir: Path) -> dict[str, int]:
-    data: dict[str, int] = json.loads((workdir / "pids.json").read_text())
-    return data
 
 
 @pytest.fixture
@@ -251,6 +234,45 @@ async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
         for pid in pids.values():
             kill_quietly(pid)
     assert not (req.state_dir / PID_FILE).exists()
+
+
+def waiting_since(offset_s: float) -> Callable[[], float]:
+    """``paused_s`` of a turn that has waited on a person since ``offset_s`` seconds after
+    now, and still does."""
+    since = time.monotonic() + offset_s
+    return lambda: max(0.0, time.monotonic() - since)
+
+
+async def test_time_waiting_on_a_person_does_not_count_against_the_timeout(
+    tmp_path: Path,
+) -> None:
+    # The command runs 1.5 s on a 0.5 s timeout, but from 0.1 s on it waits on a person.
+    req = request(tmp_path, "sleep", "1.5", timeout_s=0.5, paused_s=waiting_since(0.1))
+    result = await CommandHarness().run_turn(req)
+    assert result.output == "slept\n"
+
+
+async def test_a_pause_that_ended_moves_the_timeout_by_its_length(tmp_path: Path) -> None:
+    # 0.4 s of waiting on a person, already over: the limit is 0.5 s of its own time.
+    req = request(tmp_path, "family", timeout_s=0.5, paused_s=lambda: 0.4)
+    started = time.monotonic()
+    with pytest.raises(TurnFailedError) as caught:
+        await CommandHarness().run_turn(req)
+    assert time.monotonic() - started >= 0.9
+    assert caught.value.message == (
+        "turn timed out after 0.5 s of its own time (not counting 0.4 s waiting on a "
+        "person); its process group was killed"
+    )
+    pids = read_pids(req.workdir)
+    await settle(lambda: gone(pids["child"]) and gone(pids["grandchild"]))
+
+
+async def test_without_a_pause_the_timeout_fires_though_paused_s_is_given(
+    tmp_path: Path,
+) -> None:
+    req = request(tmp_path, "sleep", "30", timeout_s=0.3, paused_s=lambda: 0.0)
+    with pytest.raises(TurnFailedError, match=r"^turn timed out after 0.3 s; its process"):
+        await CommandHarness().run_turn(req)
 
 
 async def test_cancellation_kills_the_group_and_propagates(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ Modes:
 - ``orphan``: starts a grandchild in its own process group, writes ``pids.json``, prints
   ``done`` and exits 0.
 - ``ignore-stdin``: prints ``ignored`` without reading stdin, exits 0.
+- ``sleep SECONDS``: sleeps, then prints ``slept`` and exits 0.
 """
 
 from __future__ import annotations
@@ -82,6 +83,10 @@ def main(mode: str, *args: str) -> int:
         return 0
     if mode == "ignore-stdin":
         print("ignored", flush=True)
+        return 0
+    if mode == "sleep":
+        time.sleep(float(args[0]))
+        print("slept", flush=True)
         return 0
     raise SystemExit(f"unknown mode {mode!r}")
 

@@ -10,6 +10,7 @@ from corral.daemon.harnesses._base import (
 from corral.daemon.harnesses._command import CommandHarness
 from corral.daemon.harnesses._openai import OpenAIHarness
 from corral.daemon.harnesses._python import PythonHarness, TurnContext
+from corral.daemon.harnesses._timer import TurnTimer
 
 __all__ = [
     "CommandHarness",
@@ -20,5 +21,6 @@ __all__ = [
     "TurnFailedError",
     "TurnRequest",
     "TurnResult",
+    "TurnTimer",
     "WarmHarness",
 ]

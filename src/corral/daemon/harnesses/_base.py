@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from corral.daemon._spec import AgentSpec
-from corral.kernel import CorralError, ExecutionBudget
+from corral.kernel import ActionCheck, CorralError, ExecutionBudget
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -21,6 +21,19 @@ class TurnRequest:
     about itself (``CORRAL_AGENT_ID``, ``CORRAL_URL``, ...) on top of the spec's ``env``.
     ``remaining`` is what is left of the agent's budget (None dimensions are unlimited);
     a harness that makes model calls must not spend past it.
+
+    ``check_action`` is the daemon's check of an action of this agent (its guardrails):
+    ``check_action(agent_id, action, context)``, plain or async, answers something with
+    ``allowed`` (a bool) and ``reason``; it may take long, when a rule asks a person and
+    waits for the answer. A harness that acts for the agent (the ``openai`` harness's tool
+    calls) puts every action through it when it is given; None means nothing is checked.
+
+    ``paused_s()`` is how many seconds this turn has spent waiting on a person so far, a
+    wait in progress included (it grows while the turn waits), None when the daemon does
+    not tell. That time does not count against ``timeout_s``: a turn is cut short when its
+    own time -- time gone by less ``paused_s()`` -- passes ``timeout_s``, and the approval's
+    own timeout decides how long a wait may be (see ``TurnTimer``). It must only grow,
+    never raise, and be cheap: harnesses read it whenever they check their time limit.
     """
 
     agent_id: str
@@ -32,6 +45,8 @@ class TurnRequest:
     env: Mapping[str, str] = field(default_factory=dict)
     timeout_s: float = 600.0
     remaining: ExecutionBudget = field(default_factory=ExecutionBudget)
+    check_action: ActionCheck | None = None
+    paused_s: Callable[[], float] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -89,7 +89,8 @@ class PythonHarness:
     message names the exception type and its message; ``SystemExit`` and
     ``KeyboardInterrupt`` included); it returns anything else, or something that cannot be
     sent back (the message says what); it runs longer than ``request.timeout_s`` ("turn
-    timed out after N s", its process killed); it goes over its memory limit ("over its
+    timed out after N s", its process killed; all its time counts, ``request.paused_s`` is
+    not looked at); it goes over its memory limit ("over its
     memory limit of N bytes"); its process ends without answering ("worker process exited
     with code N", "was killed by signal SIGSEGV": ``os._exit``, a crash in C code).
     """
