@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Literal
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
 from corral.daemon._errors import InvalidSpecError
 from corral.daemon._text import json_problems
@@ -62,12 +64,81 @@ class PriceSpec(_Model):
     output_per_mtok_usd: float = Field(ge=0, allow_inf_nan=False, strict=True)
 
 
+MAX_TOOLS = 32
+MAX_TOOL_DESCRIPTION = 4096
+MAX_TOOL_PARAMETERS_BYTES = 64 * 1024
+MAX_TOOL_ARGV = 256
+_TOOL_NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _no_tool_parameters() -> dict[str, Any]:
+    return {"type": "object", "properties": {}}
+
+
+def _problem(message: str) -> PydanticCustomError:
+    # The message goes in as a value, so braces in what it quotes are not a template.
+    return PydanticCustomError("invalid_tool", "{message}", {"message": message})
+
+
+class OpenAIToolSpec(_Model):
+    """One tool of an ``openai`` agent: a command the model may call.
+
+    ``name`` is what the model calls (1 to 64 letters, digits, ``_`` or ``-``, as OpenAI
+    requires of function names); ``parameters`` is the JSON Schema of its arguments (an
+    object schema, at most 64 KiB as JSON; none by default); ``command`` is the argv (no
+    shell) run for each call, with the arguments as JSON on its stdin and its stdout as the
+    result.
+    """
+
+    name: str
+    description: str = Field(default="", max_length=MAX_TOOL_DESCRIPTION)
+    parameters: dict[str, Any] = Field(default_factory=_no_tool_parameters)
+    command: list[str] = Field(min_length=1, max_length=MAX_TOOL_ARGV)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not _TOOL_NAME_RE.fullmatch(name):
+            raise _problem(
+                "must be 1 to 64 letters, digits, '_' or '-' (what OpenAI takes as a "
+                f"function name), got {name[:80]!r}"
+            )
+        return name
+
+    @field_validator("parameters")
+    @classmethod
+    def _parameters(cls, parameters: dict[str, Any]) -> dict[str, Any]:
+        if parameters.get("type") != "object":
+            raise _problem('must be a JSON Schema object with "type": "object"')
+        if not isinstance(parameters.get("properties", {}), dict):
+            raise _problem('"properties" must be an object')
+        try:
+            size = len(json.dumps(parameters, allow_nan=False).encode())
+        except (TypeError, ValueError, RecursionError):
+            raise _problem("must be JSON (no NaN or infinity, not nested too deep)") from None
+        if size > MAX_TOOL_PARAMETERS_BYTES:
+            raise _problem(f"must be at most {MAX_TOOL_PARAMETERS_BYTES} bytes as JSON, got {size}")
+        return parameters
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, command: list[str]) -> list[str]:
+        # What reaches a process's argv cannot hold NUL.
+        for i, part in enumerate(command):
+            if not part:
+                raise _problem(f"argv entries must be non-empty strings; [{i}] is empty")
+            if "\0" in part:
+                raise _problem(f"argv entries must not contain NUL characters; [{i}] does")
+        return command
+
+
 class OpenAISpec(_Model):
     """The ``openai`` harness: the agent loop against an OpenAI-compatible server.
 
     ``model_options`` are body fields sent with every model call (``temperature``,
     ``max_tokens``, ...); ``max_tokens`` / ``max_completion_tokens`` bound a call's output,
-    which is what a budget's worst case is estimated from.
+    which is what a budget's worst case is estimated from. ``tools`` (at most 32, names
+    unique) are commands the model may call (see :class:`OpenAIToolSpec`).
     """
 
     base_url: str = Field(min_length=1)
@@ -76,6 +147,20 @@ class OpenAISpec(_Model):
     instructions: str | None = None
     price: PriceSpec | None = None
     model_options: dict[str, Any] = Field(default_factory=dict)
+    tools: list[OpenAIToolSpec] = Field(default_factory=list, max_length=MAX_TOOLS)
+
+    @field_validator("tools")
+    @classmethod
+    def _unique_tools(cls, tools: list[OpenAIToolSpec]) -> list[OpenAIToolSpec]:
+        first: dict[str, int] = {}
+        for i, tool in enumerate(tools):
+            if tool.name in first:
+                raise _problem(
+                    f"tool names must be unique: {tool.name!r} is the name of "
+                    f"tools[{first[tool.name]}] and tools[{i}]"
+                )
+            first[tool.name] = i
+        return tools
 
 
 class AgentSpec(_Model):

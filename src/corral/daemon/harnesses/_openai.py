@@ -10,6 +10,9 @@ from typing import Any
 
 from corral.agent import Agent
 from corral.daemon.harnesses._base import TurnFailedError, TurnRequest, TurnResult
+from corral.daemon.harnesses._process import PID_FILE, Limits, reap_pid_file
+from corral.daemon.harnesses._timer import TurnTimer
+from corral.daemon.harnesses._tools import command_tools
 from corral.kernel import (
     BudgetExhaustedError,
     CorralError,
@@ -22,9 +25,11 @@ from corral.runtime import (
     CallNext,
     ChatResult,
     ExecutionTracker,
+    Middleware,
     MiddlewareContext,
     ModelPrice,
     OpenAIClient,
+    ToolGuard,
     WorstCaseBudget,
 )
 
@@ -35,11 +40,11 @@ class OpenAIHarness:
     The client talks to ``spec.openai.base_url`` with ``spec.openai.model``; its API key is
     ``os.environ[spec.openai.api_key_env]`` when ``api_key_env`` is set (the spec holds the
     variable's name, never the key); ``spec.openai.price`` prices the model. The agent gets
-    ``spec.openai.instructions``, no tools, and ``request.remaining`` as its budget with
-    ``max_turns`` lifted: the daemon counts its own turns, and one daemon turn may take
-    several model round-trips. The model is not retried here: a failed call fails the turn
-    and the agent's failure policy decides what comes next. ``spec.openai.model_options``
-    are sent with every call.
+    ``spec.openai.instructions``, the tools of ``spec.openai.tools`` and
+    ``request.remaining`` as its budget with ``max_turns`` lifted: the daemon counts its own
+    turns, and one daemon turn may take several model round-trips. The model is not retried
+    here: a failed call fails the turn and the agent's failure policy decides what comes
+    next. ``spec.openai.model_options`` are sent with every call.
 
     No call starts that could pass what is left of the budget
     (:class:`corral.runtime.WorstCaseBudget`): before each call its worst case is bounded
@@ -51,6 +56,23 @@ class OpenAIHarness:
     or after one that passed a limit, fails with ``dimension`` set: the daemon holds the
     agent ``budget-exhausted`` whatever its policy.
 
+    Tools: a call runs the tool's command in ``request.workdir`` with the agent's
+    environment, in a process group of its own, the arguments as JSON on its stdin; its
+    stdout is the result (at most ``tool_output_bytes`` kept, then a line saying how much was
+    dropped). A command that cannot start or exits non-zero is a tool error the model is told
+    about (the exit code and the last ``tool_stderr_tail_bytes`` of its stderr) and the run
+    goes on. A turn that is cancelled or times out kills the running tool's process group;
+    its pid is kept in ``<state_dir>/turn.pid`` meanwhile, for :meth:`reap`. Tool calls run
+    one at a time. With ``request.check_action`` every tool call is checked first
+    (:class:`corral.runtime.middleware.ToolGuard`: the action is the tool's name, a space and
+    its arguments as JSON): a call not allowed does not run and the model is told it was
+    refused, with the reason; a check that raises refuses too. A check may wait on a person
+    (an ``ask`` rule): the turn waits with it.
+
+    The turn's time limit counts its own time only: time it waits on a person
+    (``request.paused_s``) does not count against ``request.timeout_s``; see
+    :class:`TurnTimer`.
+
     The result carries the tokens and dollars of the whole run; ``cost_usd`` is None when a
     model reply could not be priced (no ``price`` in the spec, or a reply without usage).
 
@@ -59,12 +81,25 @@ class OpenAIHarness:
     :class:`CorralError` of the run -- a budget dimension exhausted, a model error (HTTP
     error, unreachable server, invalid reply) -- with its message and ``cause`` set to its
     code; any other exception; a run longer than ``request.timeout_s`` ("turn timed out after
-    N s"; the model call in flight is abandoned). Cancellation abandons the call in flight and
-    propagates.
+    N s"; the model call in flight is abandoned, the tool running is killed). Cancellation
+    does the same and propagates.
     """
 
+    def __init__(
+        self,
+        *,
+        tool_output_bytes: int = 64 * 1024,
+        tool_stderr_tail_bytes: int = 2048,
+        tool_drain_s: float = 2.0,
+    ) -> None:
+        where = "OpenAIHarness"
+        v.positive_int(where, "tool_output_bytes", tool_output_bytes)
+        v.positive_int(where, "tool_stderr_tail_bytes", tool_stderr_tail_bytes)
+        v.positive_number(where, "tool_drain_s", tool_drain_s)
+        self.tool_limits = Limits(tool_output_bytes, tool_stderr_tail_bytes, tool_drain_s)
+
     def __repr__(self) -> str:
-        return "OpenAIHarness()"
+        return f"OpenAIHarness(tool_output_bytes={self.tool_limits.max_output_bytes})"
 
     async def run_turn(self, request: TurnRequest) -> TurnResult:
         """Run one turn; see the class docstring. Raises ``InvalidArgumentError`` when the
@@ -97,10 +132,14 @@ class OpenAIHarness:
         tracker = ExecutionTracker(budget)
         priced = _PriceWatch()
         price = prices.get(options.model)
-        limit = asyncio.timeout(request.timeout_s)
+        middleware: list[Middleware] = [priced, WorstCaseBudget(tracker, price)]
+        if request.check_action is not None:
+            middleware.append(ToolGuard(request.check_action))
+        timer = TurnTimer(request.timeout_s, request.paused_s)
+        limit: asyncio.Timeout | None = None
         try:
             async with (
-                limit,
+                timer.limit() as limit,
                 OpenAIClient(
                     options.base_url,
                     options.model,
@@ -115,15 +154,16 @@ class OpenAIHarness:
                     agent_id=request.agent_id,
                     instructions=options.instructions,
                     budget=budget,
-                    middleware=[priced, WorstCaseBudget(tracker, price)],
+                    tools=command_tools(request, self.tool_limits),
+                    middleware=middleware,
                     model_options=options.model_options,
                 )
                 run = await agent.run(request.prompt, tracker=tracker)
         except TimeoutError as exc:
-            if not limit.expired():
+            if limit is None or not limit.expired():
                 raise _failed(exc, tracker, priced) from exc
             raise TurnFailedError(
-                f"turn timed out after {request.timeout_s:g} s",
+                timer.timeout_message(),
                 usage=_usage(tracker, priced),
                 timeout_s=request.timeout_s,
             ) from None
@@ -136,10 +176,12 @@ class OpenAIHarness:
         )
 
     async def reap(self, agent_id: str, state_dir: Path) -> bool:
-        """Nothing of an openai turn survives the daemon: always False."""
+        """End the process group of a tool that was running when the daemon died; True when
+        one was signalled (the model call in flight died with the daemon). The same pid file
+        rules as :meth:`CommandHarness.reap`. Idempotent."""
         v.non_empty_str("OpenAIHarness.reap", "agent_id", agent_id)
         v.instance_of("OpenAIHarness.reap", "state_dir", state_dir, Path)
-        return False
+        return reap_pid_file(state_dir / PID_FILE)
 
 
 class _PriceWatch:
