@@ -486,6 +486,7 @@ def noop(request: ApprovalRequest) -> None:
         ({"timeout_s": math.nan}, "timeout_s must be a finite number > 0 or None, got nan"),
         ({"timeout_s": "5"}, "timeout_s must be a finite number > 0 or None, got '5'"),
         ({"clock": object()}, "clock must be a Clock"),
+        ({"matches": "deploy"}, "matches must be callable, got 'deploy'"),
     ],
 )
 def test_constructor_refuses_bad_arguments(kwargs: dict[str, object], message: str) -> None:
@@ -517,3 +518,54 @@ def test_repr_names_the_configuration() -> None:
     gate = HumanApproval({"b", "a"}, noop, timeout_s=3)
     assert repr(gate) == "HumanApproval(name='hitl-approval', patterns=['a', 'b'], timeout_s=3)"
     assert gate.timeout_s == 3
+
+
+async def test_matches_asks_about_actions_the_patterns_do_not_cover() -> None:
+    inbox = Inbox()
+    gate = HumanApproval({"deploy"}, inbox, matches=lambda action: action.startswith("rm "))
+    assert gate.matches("rm -rf build")
+    assert gate.matches("Deploy web")  # the patterns still count
+    assert not gate.matches("ls rm ")
+    assert await gate.check("w", "ls rm ", {}) is GuardrailResult.allow()
+    assert inbox.requests == []
+    task = asyncio.create_task(gate.check("w", "rm -rf build", {}))
+    (request,) = await inbox.next()
+    assert request.action == "rm -rf build"
+    request.approve()
+    assert (await task).allowed is True
+
+
+async def test_matches_alone_needs_no_patterns() -> None:
+    seen: list[str] = []
+
+    def matches(action: str) -> bool:
+        seen.append(action)
+        return "prod" in action  # case-sensitive: the predicate decides, not the folding
+
+    gate = HumanApproval((), answering(False), matches=matches)
+    assert (await gate.check("w", "to PROD", {})).allowed is True
+    assert (await gate.check("w", "to prod", {})).allowed is False
+    assert seen == ["to PROD", "to prod"]
+
+
+async def test_a_raising_matches_blocks_under_a_supervisor() -> None:
+    def matches(action: str) -> bool:
+        raise TimeoutError("pattern took too long")
+
+    gate = HumanApproval((), noop, matches=matches)
+    with pytest.raises(TimeoutError):
+        await gate.check("w", "deploy", {})
+    supervisor = Supervisor(AgentGroup("team"), [gate])
+    result = await supervisor.check_action("w", "deploy")
+    assert result.allowed is False
+    assert result.reason == "Guardrail error: pattern took too long"
+    assert gate.pending == []
+
+
+def test_repr_names_matches_when_given() -> None:
+    def by_regex(action: str) -> bool:
+        return False
+
+    gate = HumanApproval((), noop, matches=by_regex)
+    assert repr(gate).startswith("HumanApproval(name='hitl-approval', patterns=[], timeout_s=None")
+    assert "matches=<function" in repr(gate)

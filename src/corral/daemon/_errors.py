@@ -38,6 +38,19 @@ class InvalidRequestError(InvalidSpecError):
         super().__init__(problems, what)
 
 
+class GuardrailsFileError(InvalidSpecError):
+    """The daemon-wide guardrails file (``corral serve --guardrails FILE``) cannot be used:
+    it is missing, unreadable, not JSON, or holds invalid rules; ``problems`` lists them and
+    ``path`` names the file."""
+
+    code = "invalid_guardrails_file"
+
+    def __init__(self, path: str, problems: list[dict[str, Any]]) -> None:
+        super().__init__(problems, what=f"guardrails file {path!r}")
+        self.details["path"] = path
+        self.path = path
+
+
 class UnstorableValueError(DaemonError):
     """The store refused events holding a value it cannot keep (a lone surrogate or NUL in a
     string); nothing was written. Input is refused before it gets this far, and text from

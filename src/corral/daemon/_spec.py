@@ -13,9 +13,11 @@ from pydantic_core import PydanticCustomError
 
 from corral.daemon._errors import InvalidSpecError
 from corral.daemon._text import json_problems
+from corral.daemon.guardrails._rules import RuleList, field_path
 from corral.kernel import ExecutionBudget, SpawnBudget
 
 NOTIFY_KINDS = ("done", "failed", "blocked")
+ANSWER_KINDS = ("blocked", "approval")
 SPEC_IDENTIFIERS = frozenset({"name", "parent"})
 _FUNCTION_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _RESERVED_OPTIONS = frozenset({"model", "messages", "tools", "stream"})
@@ -168,6 +170,9 @@ class AgentSpec(_Model):
 
     Harnesses: ``command`` (``command`` argv; the prompt on stdin, the result from stdout),
     ``python`` (``function`` as ``module:function``), ``openai`` (``openai`` options).
+    ``guardrails`` are the agent's own rules (``corral.daemon.guardrails``; its descendants
+    inherit them); ``may_answer`` the kinds of its descendants' decisions its token answers.
+    Validating a spec never imports a custom rule's module.
     """
 
     name: str = Field(min_length=1, max_length=200)
@@ -185,6 +190,8 @@ class AgentSpec(_Model):
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     spawn_budget: SpawnBudgetSpec | None = None
     turn_timeout_s: float = Field(default=600.0, gt=0, allow_inf_nan=False, strict=True)
+    guardrails: RuleList = ()
+    may_answer: list[Literal["blocked", "approval"]] = Field(default_factory=list)
 
     def cross_field_problems(self) -> list[dict[str, Any]]:
         """Problems that need more than one field to see."""
@@ -231,6 +238,9 @@ class AgentSpec(_Model):
             bad("notifyOn", "needs a parent to notify")
         if self.spawn_budget is not None and self.parent is not None:
             bad("spawnBudget", "only a root agent (no parent) sets its run's spawn budget")
+        for i, kind in enumerate(self.may_answer):
+            if kind in self.may_answer[:i]:
+                bad(f"mayAnswer[{i}]", f"{kind!r} is listed twice")
         return problems
 
     def text_problems(self) -> list[dict[str, Any]]:
@@ -260,11 +270,21 @@ def parse_spec(data: Any) -> AgentSpec:
     return spec
 
 
+# Fields whose paths show list items as ``field[i]``, as the issue's examples do; the older
+# fields keep their dotted paths, which clients may already match.
+_BRACKETED = frozenset({"guardrails", "mayAnswer"})
+
+
 def problems_of(exc: pydantic.ValidationError) -> list[dict[str, Any]]:
-    """Pydantic's errors as ``{"field", "message"}`` with camelCase dotted paths."""
+    """Pydantic's errors as ``{"field", "message"}`` with camelCase dotted paths
+    (``guardrails[2].match.regex`` under ``guardrails`` and ``mayAnswer``)."""
     found = []
     for error in exc.errors():
-        path = ".".join(str(part) for part in error["loc"]) or "(body)"
+        loc = error["loc"]
+        if loc and loc[0] in _BRACKETED:
+            path = field_path("", loc)
+        else:
+            path = ".".join(str(part) for part in loc) or "(body)"
         message = error["msg"]
         if error["type"] == "extra_forbidden":
             message = "unknown field"

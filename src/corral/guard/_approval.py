@@ -77,7 +77,9 @@ class HumanApproval:
     """A guardrail that puts matching actions to a person.
 
     An action matches when it contains one of the patterns, ignoring case (``deploy`` matches
-    ``Redeploy-cache``); other actions are allowed at once. For a matching action
+    ``Redeploy-cache``), or when ``matches`` (optional, called with the action) answers true;
+    other actions are allowed at once. ``matches`` raising makes :meth:`check` raise (a
+    supervisor counts that as a block). For a matching action
     ``on_request`` is called (plain or async) with an :class:`ApprovalRequest`, then the
     request's ``approval`` future is awaited without blocking the event loop or any thread:
 
@@ -90,11 +92,20 @@ class HumanApproval:
       withdrawn (its future cancelled).
 
     Raises ``InvalidArgumentError`` for patterns that are not non-empty strings (a single
-    string is refused: pass a set), a non-callable ``on_request``, an empty ``name`` or a
-    ``timeout_s`` that is not a finite number > 0.
+    string is refused: pass a set), a non-callable ``on_request`` or ``matches``, an empty
+    ``name`` or a ``timeout_s`` that is not a finite number > 0.
     """
 
-    __slots__ = ("_clock", "_lock", "_name", "_on_request", "_patterns", "_pending", "_timeout_s")
+    __slots__ = (
+        "_clock",
+        "_lock",
+        "_match",
+        "_name",
+        "_on_request",
+        "_patterns",
+        "_pending",
+        "_timeout_s",
+    )
 
     def __init__(
         self,
@@ -104,6 +115,7 @@ class HumanApproval:
         name: str = "hitl-approval",
         timeout_s: float | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        matches: Callable[[str], bool] | None = None,
     ) -> None:
         where = "HumanApproval"
         if isinstance(patterns, str | bytes) or not isinstance(patterns, Iterable):
@@ -116,6 +128,9 @@ class HumanApproval:
         v.non_empty_str(where, "name", name)
         v.positive_number(where, "timeout_s", timeout_s, optional=True)
         v.instance_of(where, "clock", clock, Clock)
+        if matches is not None:
+            v.callable_(where, "matches", matches)
+        self._match = matches
         self._patterns: tuple[str, ...] = tuple(folded)
         self._on_request = on_request
         self._name = name
@@ -162,9 +177,12 @@ class HumanApproval:
         return removed
 
     def matches(self, action: str) -> bool:
-        """Whether ``action`` contains one of the patterns, ignoring case."""
+        """Whether ``action`` contains one of the patterns, ignoring case, or the ``matches``
+        given at construction answers true for it (whatever it raises propagates)."""
         folded = action.casefold()
-        return any(pattern in folded for pattern in self._patterns)
+        if any(pattern in folded for pattern in self._patterns):
+            return True
+        return self._match is not None and bool(self._match(action))
 
     async def check(
         self, agent_id: str, action: str, context: Mapping[str, object] | None = None
@@ -270,7 +288,9 @@ class HumanApproval:
     def __repr__(self) -> str:
         return (
             f"HumanApproval(name={self._name!r}, patterns={sorted(self._patterns)!r}, "
-            f"timeout_s={self._timeout_s!r})"
+            f"timeout_s={self._timeout_s!r}"
+            + ("" if self._match is None else f", matches={self._match!r}")
+            + ")"
         )
 
 
