@@ -121,10 +121,10 @@ async def test_supervision_from_the_command_line(daemon: FrontDoor, tmp_path: Pa
 
     shown = await corral("--url", daemon.url, "decisions")
     assert shown.exit_code == 0, shown.output
-    assert shown.stderr.startswith("resolve with: corral prompt ID [TEXT] --by NAME")
+    assert shown.stderr.startswith("resolve with: corral decide ID retry [--text PROMPT]")
     decisions = shown.stdout
     (row,) = [line for line in decisions.splitlines() if child in line]
-    assert re.search(rf"{child}\s+│\s+w\s+│\s+agent_blocked\s+│\s+ask\s+│\s+no access", row)
+    assert re.search(rf"blocked\s+│\s+{child}\s+│\s+w\s+│\s+ask\s+│\s+no access", row)
     (waiting,) = json.loads(ok(await corral("--url", daemon.url, "decisions", "--json")))
     assert (waiting["agentId"], waiting["reason"]) == (child, "ask")
 
@@ -142,7 +142,7 @@ async def test_supervision_from_the_command_line(daemon: FrontDoor, tmp_path: Pa
     await settle(lambda: daemon.state(child) == "idle")
     assert daemon.harness.prompts(child) == ["go", "try again"]
     (resolution,) = daemon.service.resolutions()
-    assert (resolution["by"], resolution["why"], resolution["action"]) == ("ana", "fixed", "prompt")
+    assert (resolution["by"], resolution["why"], resolution["answer"]) == ("ana", "fixed", "retry")
     assert json.loads(ok(await corral("--url", daemon.url, "decisions", "--json"))) == []
 
     stopped = ok(await corral("--url", daemon.url, "stop", child, "--key", "k1"))
@@ -192,7 +192,7 @@ async def test_budget_raises_a_budget_from_the_command_line(
     assert err.startswith(f"error budget_exhausted: agent '{agent}': turns budget exhausted")
     assert f"corral budget {agent}" in err
     shown = await corral("--url", daemon.url, "decisions")
-    assert "held on a budget: corral budget ID --max-cost-usd N" in shown.stderr
+    assert "held on a budget: corral decide ID budget --budget" in shown.stderr
 
     said = ok(
         await corral(
@@ -213,7 +213,7 @@ async def test_budget_raises_a_budget_from_the_command_line(
     assert said.startswith(f"{agent}: budget maxTokens=unlimited, maxCostUsd=unlimited, maxTurns=3")
     assert "idle" in said
     (resolution,) = daemon.service.resolutions()
-    assert (resolution["action"], resolution["by"], resolution["why"]) == (
+    assert (resolution["answer"], resolution["by"], resolution["why"]) == (
         "budget",
         "ana",
         "worth it",

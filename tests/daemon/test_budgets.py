@@ -151,10 +151,7 @@ async def held_agent(door: FrontDoor, **spec: Any) -> str:
 async def test_raising_a_budget_releases_the_held_agent_with_who_and_why(front: FrontDoor) -> None:
     agent_id = await held_agent(front)
     (decision,) = front.service.decisions()
-    assert decision["resolve"] == {
-        "budget": f"PATCH /agents/{agent_id}",
-        "stop": f"POST /agents/{agent_id}/stop",
-    }
+    assert (decision["kind"], decision["answers"]) == ("budget_exhausted", ["budget", "stop"])
     result = await front.service.change_budget(
         agent_id, {"maxTurns": 3, "maxCostUsd": 5}, by="ana", why="worth it"
     )
@@ -166,7 +163,7 @@ async def test_raising_a_budget_releases_the_held_agent_with_who_and_why(front: 
     assert rec["spec"]["budget"]["maxTurns"] == 1  # the spec stays what was given
     assert front.service.decisions() == []
     (resolution,) = front.service.resolutions()
-    assert (resolution["action"], resolution["by"], resolution["why"]) == (
+    assert (resolution["answer"], resolution["by"], resolution["why"]) == (
         "budget",
         "ana",
         "worth it",
@@ -231,7 +228,7 @@ async def test_patch_over_http_with_typed_errors_and_an_openapi_body(front: Fron
         missing = await client.patch(f"/agents/{agent_id}", json={"budget": {"maxTurns": "x"}})
         assert missing.status_code == 400
         problems = {p["field"] for p in missing.json()["error"]["details"]["problems"]}
-        assert {"by", "why", "budget.maxTurns"} <= problems
+        assert {"why", "budget.maxTurns"} <= problems
         unknown = await client.patch("/agents/a_ffffffff", json=body | {"idempotencyKey": "b2"})
         assert unknown.json()["error"]["code"] == "agent_not_found"
         document = (await client.get("/openapi.json")).json()

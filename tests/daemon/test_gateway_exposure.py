@@ -217,7 +217,8 @@ async def test_a_freeze_is_a_decision_an_event_and_a_notice_until_reinstated(env
             f"/gateway/shop/agents/{child}/reinstate",
             json={"by": "dana", "reason": "typo fixed in the prompt"},
         )
-        after = (await http.get("/decisions?resolved=true")).json()
+        after = (await http.get("/decisions")).json()
+        answered = (await http.get("/decisions?resolved=true")).json()
         history = (await http.get(f"/gateway/shop/agents/{child}/history")).json()["history"]
         works = await http.post(
             "/gateway/query", json={"target": "shop", "agent": child, "sql": "SELECT 1 AS one"}
@@ -246,9 +247,10 @@ async def test_a_freeze_is_a_decision_an_event_and_a_notice_until_reinstated(env
     assert done.status_code == 200, done.text
     assert done.json()["by"] == "dana"
     assert not [d for d in after["decisions"] if d["kind"] == "gateway_frozen"]
-    [resolution] = [r for r in after["resolutions"] if r["kind"] == "gateway_frozen"]
+    [resolution] = [r for r in answered["decisions"] if r["kind"] == "gateway_frozen"]
     assert resolution["agentId"] == child
-    assert (resolution["by"], resolution["why"], resolution["action"]) == (
+    assert resolution["id"] == decision["id"]
+    assert (resolution["by"], resolution["why"], resolution["answer"]) == (
         "dana",
         "typo fixed in the prompt",
         "reinstate",

@@ -118,12 +118,13 @@ async def test_decisions_list_blocked_agents_and_resolutions_on_request(front: F
         )
         assert response.status_code == 202
         await front.settled(agent_id, "idle")
-        after = (await client.get("/decisions", params={"resolved": "true"})).json()
+        after = (await client.get("/decisions")).json()
+        answered = (await client.get("/decisions", params={"resolved": "true"})).json()
     assert after["decisions"] == []
-    (resolution,) = after["resolutions"]
+    (resolution,) = answered["decisions"]
     assert resolution["agentId"] == agent_id
-    assert (resolution["action"], resolution["by"], resolution["why"]) == (
-        "prompt",
+    assert (resolution["answer"], resolution["by"], resolution["why"]) == (
+        "retry",
         "ana",
         "rotated",
     )
@@ -681,7 +682,10 @@ async def test_openapi_lists_the_paths_and_describes_the_bodies(front: FrontDoor
         "/agents/{agent_id}/prompt",
         "/agents/{agent_id}/stop",
         "/agents/{agent_id}/inbox",
+        "/agents/{agent_id}/actions",
+        "/actions/{decision_id}",
         "/decisions",
+        "/decisions/{decision_id}",
         "/events",
         "/gateway",
         "/gateway/query",
@@ -846,7 +850,7 @@ async def test_an_agent_token_reaches_the_agent_and_its_descendants_only(
 async def test_an_agent_token_sees_only_its_own_decisions(scoped_front: FrontDoor) -> None:
     scoped_front.harness.script("w", fail("no key"))
     scoped_front.harness.script("v", fail("no key"))
-    lead = await scoped_front.spawn(name="lead")
+    lead = await scoped_front.spawn(name="lead", mayAnswer=["blocked"])
     mine = await scoped_front.spawn(name="w", prompt="go", parent=lead, onFailure="ask")
     theirs = await scoped_front.spawn(name="v", prompt="go", onFailure="ask")
     await scoped_front.settled(mine, "blocked")
@@ -855,9 +859,10 @@ async def test_an_agent_token_sees_only_its_own_decisions(scoped_front: FrontDoo
         # An agent's token acts in its own name: by, when given, is its id.
         await client.post(f"/agents/{mine}/prompt", json={"text": "again", "by": lead})
         await scoped_front.settled(mine, "idle")
+        pending = (await client.get("/decisions")).json()
         answer = (await client.get("/decisions", params={"resolved": "true"})).json()
-    assert answer["decisions"] == []
-    assert [r["agentId"] for r in answer["resolutions"]] == [mine]
+    assert pending["decisions"] == []
+    assert [r["agentId"] for r in answer["decisions"]] == [mine]
     assert [d["agentId"] for d in scoped_front.service.decisions()] == [theirs]
 
 
@@ -947,17 +952,25 @@ async def test_a_usage_that_cannot_be_counted_fails_the_turn_and_poisons_nothing
 
 
 async def test_an_agent_token_acts_in_its_own_name_only(scoped_front: FrontDoor) -> None:
-    # A held agent answering its own decision must not be recorded as a person's answer.
+    # A held agent never answers its own decision; its lead, allowed to, answers in its own
+    # name, never a person's.
     scoped_front.harness.script("w", fail("held"))
-    agent_id = await scoped_front.spawn(name="w", prompt="go", onFailure="ask")
+    lead = await scoped_front.spawn(name="lead", mayAnswer=["blocked"])
+    agent_id = await scoped_front.spawn(name="w", prompt="go", onFailure="ask", parent=lead)
     await scoped_front.settled(agent_id, "blocked")
     async with scoped_front.agent_client(agent_id) as client:
+        own = await client.post(f"/agents/{agent_id}/prompt", json={"text": "again"})
+        assert own.status_code == 403
+        assert "its own decision" in own.json()["error"]["message"]
+        stop = await client.post(f"/agents/{agent_id}/stop", json={})
+        assert stop.status_code == 403
+    async with scoped_front.agent_client(lead) as client:
         forged = await client.post(
             f"/agents/{agent_id}/prompt", json={"text": "again", "by": "alice", "why": "ok"}
         )
         assert forged.status_code == 403
         assert forged.json()["error"]["code"] == "out_of_scope"
-        own = await client.post(f"/agents/{agent_id}/prompt", json={"text": "again"})
-        assert own.status_code == 202
+        answered = await client.post(f"/agents/{agent_id}/prompt", json={"text": "again"})
+        assert answered.status_code == 202
     (resolution,) = scoped_front.service.resolutions()
-    assert resolution["by"] == agent_id
+    assert resolution["by"] == lead

@@ -132,7 +132,9 @@ async def test_ask_holds_the_agent_and_tells_the_parent(env: Env) -> None:
     assert rec["reason"] == "ask"
     events = await env.events(child)
     needed = [e for e in events if e.type == "agent.supervision_needed"]
-    assert [e.data for e in needed] == [{"reason": "ask", "error": "no access"}]
+    assert [e.data for e in needed] == [
+        {"reason": "ask", "error": "no access", "decision": rec["decision"]}
+    ]
     (notice,) = env.service.inbox(parent)
     assert notice["kind"] == "supervision"
     assert notice["from"] == child
@@ -185,7 +187,7 @@ async def test_breaker_counts_failures_after_a_person_reprompts(env: Env) -> Non
     rec = await env.until(agent_id, "blocked")
     assert rec["reason"] == "circuit-tripped"
     (resolution,) = env.service.resolutions()
-    assert resolution["action"] == "prompt"
+    assert resolution["answer"] == "retry"
     assert resolution["by"] == "ops"
     assert resolution["why"] == "rotated the key"
     assert resolution["reason"] == "ask"
@@ -316,7 +318,7 @@ async def test_stopping_a_blocked_agent_records_the_decision(env: Env) -> None:
     await env.until(agent_id, "blocked")
     await env.service.stop(agent_id, by="alice", why="not worth it")
     (resolution,) = env.service.resolutions()
-    assert (resolution["action"], resolution["by"], resolution["why"]) == (
+    assert (resolution["answer"], resolution["by"], resolution["why"]) == (
         "stop",
         "alice",
         "not worth it",

@@ -266,8 +266,8 @@ async def test_projections_follow_the_reducer(backend: Backend, store: Store) ->
     delivered, dropped = sorted(state.notices)
     assert state.notices[delivered]["state"] == "delivered"
     assert state.notices[dropped]["state"] == "dropped"
-    (resolution,) = state.resolutions.values()
-    assert (resolution["action"], resolution["by"]) == ("stop", "ann")
+    (resolution,) = [d for d in state.decisions.values() if d["state"] == "resolved"]
+    assert (resolution["answer"], resolution["by"]) == ("stop", "ann")
     assert state.commands["k-stop"]["response"] == {"id": CHILD, "accepted": "prompt"}
     assert sorted(state.commands) == ["k-spawn", "k-stop"]
     assert state.last_seq == len(written) == written[-1].seq

@@ -1,7 +1,7 @@
 """The ``corral`` application: which commands it has, in the order ``--help`` lists them.
 
 A new command is a module-level function in the module of its concept (``_agents``,
-``_events``, ``_daemon``, ``_gateway``) plus one entry in ``build_app``.
+``_decisions``, ``_events``, ``_daemon``, ``_gateway``) plus one entry in ``build_app``.
 """
 
 import sys
@@ -24,7 +24,7 @@ def build_app() -> "typer.Typer":
     # ``main`` must be able to report missing.
     import typer
 
-    from corral.cli import _agents, _daemon, _events, _gateway, _options
+    from corral.cli import _agents, _daemon, _decisions, _events, _gateway, _options
 
     app = typer.Typer(
         name="corral",
@@ -44,7 +44,11 @@ def build_app() -> "typer.Typer":
         _agents.budget,
         _events.events,
         _agents.inbox,
-        _events.decisions,
+        _decisions.decisions,
+        _decisions.decide,
+        _decisions.approve,
+        _decisions.deny,
+        _decisions.check,
         _daemon.mcp,
     ):
         app.command()(command)

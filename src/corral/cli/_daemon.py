@@ -49,6 +49,14 @@ def serve(
             "repeat for several.",
         ),
     ] = None,
+    guardrails: Annotated[
+        Path | None,
+        typer.Option(
+            "--guardrails",
+            help="A JSON file of guardrail rules every agent's actions are checked with, "
+            "before its own (an organisation's policy).",
+        ),
+    ] = None,
 ) -> None:
     """Run the daemon until interrupted."""
     from corral.daemon._server import ServeConfig, log_to_stderr
@@ -65,6 +73,8 @@ def serve(
         config["store"] = store
     if home is not None:
         config["home"] = home
+    if guardrails is not None:
+        config["guardrails"] = guardrails
     with refusals(), suppress(KeyboardInterrupt):
         server_config = ServeConfig(**config)
         log_to_stderr()

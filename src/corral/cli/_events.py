@@ -1,4 +1,4 @@
-"""Commands that watch the daemon: the event log, and what waits on a person."""
+"""Commands that watch the daemon: the event log."""
 
 import asyncio
 import json
@@ -9,8 +9,8 @@ import typer
 from rich.text import Text
 
 from corral.cli._calls import call, refusals
-from corral.cli._options import JsonOpt, target
-from corral.cli._output import print_json, print_table, stderr, stdout, visible, write_line
+from corral.cli._options import target
+from corral.cli._output import stdout, visible, write_line
 
 if TYPE_CHECKING:
     from corral.daemon._client import HttpApi
@@ -71,29 +71,3 @@ def events(
                 return
 
     call(conn, page_all)
-
-
-def decisions(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Everything waiting on a person, oldest first."""
-    waiting = call(target(ctx), lambda api: api.decisions())
-    if as_json:
-        print_json(waiting)
-        return
-    kinds = {d.get("kind") for d in waiting}
-    extra = ["target"] if "gateway_frozen" in kinds else []
-    print_table(
-        "decisions",
-        waiting,
-        ["agentId", "name", "kind", *extra, "reason", "error", "since"],
-        headers={"agentId": "agent"},
-    )
-    if "agent_blocked" in kinds:
-        stderr().print(
-            "resolve with: corral prompt ID [TEXT] --by NAME --why REASON, or corral stop ID"
-        )
-    if any(d.get("reason") == "budget-exhausted" for d in waiting):
-        stderr().print("held on a budget: corral budget ID --max-cost-usd N --by NAME --why REASON")
-    if "gateway_frozen" in kinds:
-        stderr().print(
-            "reinstate with: corral gateway reinstate ID --target DB --by NAME --reason WHY"
-        )

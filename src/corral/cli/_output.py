@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 STATE_STYLES = {
     "running": "cyan",
+    "waiting": "magenta",
     "idle": "green",
     "blocked": "yellow",
     "failed": "red",

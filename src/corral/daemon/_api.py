@@ -7,12 +7,16 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from corral.daemon import _approvals
+from corral.daemon._approvals import Verdict
 from corral.daemon._client import page_args, spec_mapping
 from corral.daemon._databases import Databases, waiting_decisions
-from corral.daemon._errors import OutOfScopeError
+from corral.daemon._errors import AnswerNotAcceptedError, DecisionNotFoundError, OutOfScopeError
 from corral.daemon._events import Event
+from corral.daemon._policy import BUDGET_EXHAUSTED
 from corral.daemon._service import AgentService, CommandResult
 from corral.daemon._spec import AgentSpec, parse_spec
+from corral.daemon.guardrails import has_custom
 from corral.kernel import InvalidArgumentError
 from corral.kernel import _validate as v
 
@@ -64,7 +68,30 @@ class AgentApi(Protocol):
 
     async def inbox(self, agent_id: str) -> list[Json]: ...
 
-    async def decisions(self) -> list[Json]: ...
+    async def decisions(self, resolved: bool = False) -> list[Json]: ...
+
+    async def decision(self, decision_id: str) -> Json: ...
+
+    async def answer(
+        self,
+        decision_id: str,
+        answer: str,
+        why: str | None = None,
+        by: str | None = None,
+        text: str | None = None,
+        budget: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json: ...
+
+    async def check_action(
+        self,
+        agent_id: str,
+        action: str,
+        context: Mapping[str, Any] | None = None,
+        wait_s: float = 0.0,
+    ) -> Json: ...
+
+    async def action_verdict(self, decision_id: str, wait_s: float = 0.0) -> Json: ...
 
     # The gateway (a daemon started with --db NAME=DSN). ``target`` None names the only
     # database there is; gateway refusals raise errors with the gateway's codes.
@@ -103,18 +130,24 @@ class ScopedService:
     raises ``OutOfScopeError`` (403 ``out_of_scope``), before the command is applied.
     """
 
-    __slots__ = ("databases", "principal", "service")
+    __slots__ = ("caller_name", "databases", "principal", "service")
 
     def __init__(
-        self, service: AgentService, databases: Databases, principal: str | None = None
+        self,
+        service: AgentService,
+        databases: Databases,
+        principal: str | None = None,
+        caller_name: str | None = None,
     ) -> None:
         self.service = service
         self.databases = databases
         self.principal = principal
+        # The operator's token name (None: code in this process, trusted to name anyone).
+        self.caller_name = caller_name
 
     def as_agent(self, agent_id: str | None) -> ScopedService:
         """The same service as seen with ``agent_id``'s token (None: the operator)."""
-        return ScopedService(self.service, self.databases, agent_id)
+        return ScopedService(self.service, self.databases, agent_id, self.caller_name)
 
     def check(self, agent_id: str) -> None:
         """Refuse an agent outside the caller's reach (``OutOfScopeError``)."""
@@ -141,6 +174,10 @@ class ScopedService:
         parsed = spec if isinstance(spec, AgentSpec) else parse_spec(dict(spec))
         if parsed.parent is None:
             raise OutOfScopeError(self.principal, "a new root agent (give a parent)")
+        if has_custom(parsed.guardrails):
+            raise OutOfScopeError(
+                self.principal, "a custom Python guardrail (it would run inside the daemon)"
+            )
         self.check(parsed.parent)
         return await self.service.spawn(parsed, idempotency_key=idempotency_key)
 
@@ -154,9 +191,10 @@ class ScopedService:
         idempotency_key: str | None = None,
     ) -> CommandResult:
         self.check(agent_id)
-        by = self.actor(by, "prompting")
+        self.check_answer(agent_id, "blocked", "retry")
+        by, note = self.attribution(by, "prompting")
         return await self.service.prompt(
-            agent_id, text, by=by, why=why, idempotency_key=idempotency_key
+            agent_id, text, by=by, why=why, idempotency_key=idempotency_key, note=note
         )
 
     async def stop(
@@ -168,8 +206,11 @@ class ScopedService:
         idempotency_key: str | None = None,
     ) -> CommandResult:
         self.check(agent_id)
-        by = self.actor(by, "stopping")
-        return await self.service.stop(agent_id, by=by, why=why, idempotency_key=idempotency_key)
+        self.check_own_decision(agent_id)
+        by, note = self.attribution(by, "stopping")
+        return await self.service.stop(
+            agent_id, by=by, why=why, idempotency_key=idempotency_key, note=note
+        )
 
     async def change_budget(
         self,
@@ -183,15 +224,15 @@ class ScopedService:
         """Change a budget in reach; an agent's token may lower budgets (its own included),
         never raise one, and changes them in its own name."""
         self.check(agent_id)
-        if self.principal is not None and by is not None and by != self.principal:
-            raise OutOfScopeError(self.principal, f"changing a budget in the name of {by!r}")
+        by, note = self.attribution(by, "changing a budget")
         return await self.service.change_budget(
             agent_id,
             changes,
-            by=by if self.principal is None else self.principal,
+            by=by,
             why=why,
             idempotency_key=idempotency_key,
             lower_only=self.principal,
+            note=note,
         )
 
     def get(self, agent_id: str) -> Json:
@@ -205,12 +246,125 @@ class ScopedService:
         self.check(agent_id)
         return self.service.inbox(agent_id)
 
-    def decisions(self) -> list[Json]:
-        """Everything waiting on a person (blocked agents, agents frozen in a database)."""
+    def decisions(self, *, resolved: bool = False) -> list[Json]:
+        """Everything waiting on a person (approvals, held agents, agents frozen in a
+        database), oldest first; with ``resolved``, every answered one, newest first."""
+        if resolved:
+            return self._mine(self.service.decisions(resolved=True), "agentId")
         return self._mine(waiting_decisions(self.service, self.databases), "agentId")
 
     def resolutions(self) -> list[Json]:
-        return self._mine(self.service.resolutions(), "agentId")
+        return self.decisions(resolved=True)
+
+    def decision(self, decision_id: str) -> Json:
+        """One decision, pending or answered (a gateway freeze's while it holds)."""
+        if decision_id.startswith("g_"):
+            for found in self.decisions():
+                if found["id"] == decision_id:
+                    return found
+        found = self.service.decision(decision_id)
+        self._check_decision(found)
+        return found
+
+    def _check_decision(self, found: Mapping[str, Any]) -> None:
+        """A decision of an agent beyond the caller's reach is not found, to it."""
+        if self.principal is not None and not self.service.in_scope(
+            self.principal, found["agentId"]
+        ):
+            raise DecisionNotFoundError(str(found["id"]))
+
+    # --- actions and decisions -----------------------------------------------------------------
+
+    async def check_action(
+        self, agent_id: str, action: Any, context: Any = None, *, wait_s: Any = 0.0
+    ) -> Verdict:
+        """An agent asks whether it may act: an agent's token asks for itself only."""
+        self.check(agent_id)
+        if self.principal is not None and agent_id != self.principal:
+            raise OutOfScopeError(self.principal, f"checking an action as agent {agent_id!r}")
+        return await self.service.check_action(agent_id, action, context, wait_s=wait_s)
+
+    async def action_verdict(self, decision_id: str, *, wait_s: Any = 0.0) -> Verdict:
+        found = self.service.decision(decision_id)
+        self._check_decision(found)
+        _approvals.check_input("-", None, wait_s)
+        return await self.service.action_verdict(decision_id, wait_s=wait_s)
+
+    def check_own_decision(self, agent_id: str) -> None:
+        """An agent's token never answers the agent's own decision."""
+        if self.principal is None or agent_id != self.principal:
+            return
+        rec = self.service.get(agent_id)
+        if rec["state"] == "blocked":
+            raise OutOfScopeError(self.principal, "answering its own decision (a person decides)")
+
+    def check_answer(self, agent_id: str, kind: str, answer: str) -> None:
+        """An agent's token answers a descendant's decision only when its spec's
+        ``mayAnswer`` names the decision's kind; never its own."""
+        if self.principal is None:
+            return
+        rec = self.service.get(agent_id)
+        if kind != "approval" and rec["state"] != "blocked":
+            return  # not a decision: prompting an idle agent
+        self.check_own_decision(agent_id)
+        if kind == "approval" and agent_id == self.principal:
+            raise OutOfScopeError(self.principal, "answering its own decision (a person decides)")
+        mine = self.service.get(self.principal)["spec"].get("mayAnswer", [])
+        if rec.get("reason") == BUDGET_EXHAUSTED or kind not in mine:
+            raise OutOfScopeError(
+                self.principal,
+                f"answering a descendant's {kind} decision ({answer}): its spec's mayAnswer "
+                f"is {mine}",
+            )
+
+    async def answer(
+        self,
+        decision_id: str,
+        answer: Any,
+        *,
+        by: str | None = None,
+        why: str | None = None,
+        text: str | None = None,
+        budget: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> CommandResult:
+        """Answer any decision the caller reaches (see :meth:`AgentService.answer`); a
+        gateway freeze's only ``reinstate`` (a person's decision)."""
+        if decision_id.startswith("g_"):
+            found = self.decision(decision_id)
+            if answer != "reinstate":
+                raise AnswerNotAcceptedError(decision_id, "gateway_frozen", answer, ["reinstate"])
+            self.check_reinstate()
+            who, note = self.attribution(by, "reinstating")
+            if why is None or not why.strip():
+                raise InvalidArgumentError("answer", "why", "the reason for reinstating", why)
+            await self.databases.reinstate(
+                found.get("target"), found["agentId"], by=who or "operator", reason=why, note=note
+            )
+            return CommandResult(
+                200, {"decision": decision_id, "answer": answer, "agentId": found["agentId"]}
+            )
+        found = self.service.decision(decision_id)
+        self._check_decision(found)
+        if found["state"] == "pending" and isinstance(answer, str):
+            if self.principal is not None and found["kind"] == "budget_exhausted":
+                raise OutOfScopeError(
+                    self.principal, "answering a budget decision (a person decides)"
+                )
+            kind = "approval" if found["kind"] == "approval" else "blocked"
+            self.check_answer(found["agentId"], kind, answer)
+        who, note = self.attribution(by, "answering")
+        return await self.service.answer(
+            decision_id,
+            answer,
+            by=who,
+            why=why,
+            note=note,
+            text=text,
+            budget=budget,
+            idempotency_key=idempotency_key,
+            lower_only=self.principal,
+        )
 
     def check_events(self, agent_id: str | None) -> None:
         """Refuse a read of the event log beyond the caller's reach: an agent's token reads
@@ -262,6 +416,15 @@ class ScopedService:
         self.check(agent_id)
         return await self.databases.history(target, agent_id)
 
+    def attribution(self, by: str | None, doing: str) -> tuple[str | None, str | None]:
+        """Who a command is recorded as, and the note beside it: an operator's token records
+        its own name (a different ``by`` is kept as a note only, so a record cannot be made
+        to name someone else); an agent acts in its own name only (``OutOfScopeError`` for
+        another); code in this process names whom it likes."""
+        if self.principal is None and self.caller_name is not None:
+            return self.caller_name, (by if by and by != self.caller_name else None)
+        return self.actor(by, doing), None
+
     def actor(self, by: str | None, doing: str) -> str | None:
         """Who a command is recorded as: the operator names anyone (``by``); an agent acts in
         its own name only (``OutOfScopeError`` for another name): a record must never say a
@@ -280,7 +443,8 @@ class ScopedService:
         self, target: str | None, agent_id: str, *, reason: str, by: str | None = None
     ) -> Json:
         self.check(agent_id)
-        return await self.databases.freeze(target, agent_id, reason=reason, by=self.freezer(by))
+        who, _ = self.attribution(by, "freezing")
+        return await self.databases.freeze(target, agent_id, reason=reason, by=who)
 
     def check_reinstate(self) -> None:
         """Reinstating a frozen agent is a person's decision: an agent's token is refused."""
@@ -289,7 +453,10 @@ class ScopedService:
 
     async def reinstate(self, target: str | None, agent_id: str, *, by: str, reason: str) -> Json:
         self.check_reinstate()
-        return await self.databases.reinstate(target, agent_id, by=by, reason=reason)
+        who, note = self.attribution(by, "reinstating")
+        return await self.databases.reinstate(
+            target, agent_id, by=who or by, reason=reason, note=note
+        )
 
 
 class LocalApi:
@@ -365,8 +532,48 @@ class LocalApi:
         v.non_empty_str("inbox", "agent_id", agent_id)
         return self._scope.inbox(agent_id)
 
-    async def decisions(self) -> list[Json]:
-        return self._scope.decisions()
+    async def decisions(self, resolved: bool = False) -> list[Json]:
+        return self._scope.decisions(resolved=resolved)
+
+    async def decision(self, decision_id: str) -> Json:
+        v.non_empty_str("decision", "decision_id", decision_id)
+        return self._scope.decision(decision_id)
+
+    async def answer(
+        self,
+        decision_id: str,
+        answer: str,
+        why: str | None = None,
+        by: str | None = None,
+        text: str | None = None,
+        budget: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json:
+        v.non_empty_str("answer", "decision_id", decision_id)
+        result = await self._scope.answer(
+            decision_id,
+            answer,
+            by=by,
+            why=why,
+            text=text,
+            budget=budget,
+            idempotency_key=idempotency_key,
+        )
+        return result.body
+
+    async def check_action(
+        self,
+        agent_id: str,
+        action: str,
+        context: Mapping[str, Any] | None = None,
+        wait_s: float = 0.0,
+    ) -> Json:
+        v.non_empty_str("check_action", "agent_id", agent_id)
+        return (await self._scope.check_action(agent_id, action, context, wait_s=wait_s)).to_json()
+
+    async def action_verdict(self, decision_id: str, wait_s: float = 0.0) -> Json:
+        v.non_empty_str("action_verdict", "decision_id", decision_id)
+        return (await self._scope.action_verdict(decision_id, wait_s=wait_s)).to_json()
 
     async def db_targets(self) -> list[Json]:
         return self._scope.targets()

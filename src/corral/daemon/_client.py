@@ -200,9 +200,24 @@ class HttpApi:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _call(self, method: str, path: str, body: Json | None = None) -> Any:
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        body: Json | None = None,
+        *,
+        params: Mapping[str, Any] | None = None,
+        wait_s: float = 0.0,
+    ) -> Any:
+        # A request that waits on the daemon's side (``waitS``) gets that much longer.
+        read_s = self._client.timeout.read
+        timeout: Any = httpx.USE_CLIENT_DEFAULT
+        if wait_s and read_s is not None:
+            timeout = httpx.Timeout(self._client.timeout.connect, read=read_s + wait_s)
         try:
-            response = await self._client.request(method, path, json=body)
+            response = await self._client.request(
+                method, path, json=body, params=params, timeout=timeout
+            )
         except httpx.TransportError as exc:
             raise DaemonUnreachableError(self.url, _reason(exc)) from exc
         try:
@@ -271,8 +286,57 @@ class HttpApi:
         v.non_empty_str("inbox", "agent_id", agent_id)
         return _items(await self._call("GET", f"/agents/{_seg(agent_id)}/inbox"), "notices")
 
-    async def decisions(self) -> list[Json]:
-        return _items(await self._call("GET", "/decisions"), "decisions")
+    async def decisions(self, resolved: bool = False) -> list[Json]:
+        params = {"resolved": "true"} if resolved else None
+        return _items(await self._call("GET", "/decisions", params=params), "decisions")
+
+    async def decision(self, decision_id: str) -> Json:
+        v.non_empty_str("decision", "decision_id", decision_id)
+        return dict(await self._call("GET", f"/decisions/{_seg(decision_id)}"))
+
+    async def answer(
+        self,
+        decision_id: str,
+        answer: str,
+        why: str | None = None,
+        by: str | None = None,
+        text: str | None = None,
+        budget: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json:
+        """Answer a decision: ``{"decision", "answer", "agentId"}``."""
+        v.non_empty_str("answer", "decision_id", decision_id)
+        body = _command(
+            {
+                "answer": answer,
+                "why": why,
+                "by": by,
+                "text": text,
+                "budget": None if budget is None else dict(budget),
+                "idempotencyKey": idempotency_key,
+            }
+        )
+        return dict(await self._call("POST", f"/decisions/{_seg(decision_id)}", body))
+
+    async def check_action(
+        self,
+        agent_id: str,
+        action: str,
+        context: Mapping[str, Any] | None = None,
+        wait_s: float = 0.0,
+    ) -> Json:
+        """May ``agent_id`` do ``action``: ``{"verdict", "reason", "warnings", "decision"}``
+        (verdict ``pending`` when a person has not answered within ``wait_s``)."""
+        v.non_empty_str("check_action", "agent_id", agent_id)
+        body = _command({"action": action, "context": context, "waitS": wait_s})
+        path = f"/agents/{_seg(agent_id)}/actions"
+        return dict(await self._call("POST", path, body, wait_s=wait_s))
+
+    async def action_verdict(self, decision_id: str, wait_s: float = 0.0) -> Json:
+        """The verdict of the check that opened ``decision_id``, waiting up to ``wait_s``."""
+        v.non_empty_str("action_verdict", "decision_id", decision_id)
+        path = f"/actions/{_seg(decision_id)}"
+        return dict(await self._call("GET", path, params={"waitS": wait_s}, wait_s=wait_s))
 
     async def db_targets(self) -> list[Json]:
         return _items(await self._call("GET", "/gateway"), "targets")

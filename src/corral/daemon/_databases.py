@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from corral.daemon._errors import GatewayNotInstalledError, NotFrozenError, UnknownTargetError
+from corral.daemon._events import gateway_decision_id
 from corral.daemon._service import AgentService
 from corral.daemon._targets import (
     TargetOptions,
@@ -238,11 +239,15 @@ class Databases:
             for agent_id, freeze in gw.frozen_agents().items():
                 waiting.append(
                     {
+                        "id": gateway_decision_id(freeze.id, name, agent_id),
                         "kind": "gateway_frozen",
+                        "state": "pending",
                         "agentId": agent_id,
                         "target": name,
+                        "freezeId": freeze.id,
                         "reason": freeze.reason,
                         "since": freeze.at.isoformat(),
+                        "answers": ["reinstate"],
                         "freeze": _record(freeze.to_dict()),
                         "resolve": {
                             "reinstate": f"POST /gateway/{name}/agents/{agent_id}/reinstate"
@@ -297,9 +302,18 @@ class Databases:
         await self._told_of(name, freeze)
         return {"target": name, **_record(freeze.to_dict())}
 
-    async def reinstate(self, target: str | None, agent_id: str, *, by: str, reason: str) -> Json:
+    async def reinstate(
+        self,
+        target: str | None,
+        agent_id: str,
+        *,
+        by: str,
+        reason: str,
+        note: str | None = None,
+    ) -> Json:
         """Lift ``agent_id``'s freeze in ``target``, recorded with ``by`` and ``reason``
-        (in the gateway's journal, and as a resolved decision in the event log)."""
+        (in the gateway's journal, and as a resolved decision in the event log, with
+        ``note``: a name the caller typed)."""
         _agent("reinstate", agent_id)
         _words("reinstate", "by", by)
         _words("reinstate", "reason", reason)
@@ -312,7 +326,7 @@ class Databases:
         if self._service is not None:
             try:
                 await self._service.record_gateway_resolution(
-                    name, agent_id, _freeze_json(freeze), _record(done.to_dict())
+                    name, agent_id, _freeze_json(freeze), _record(done.to_dict()), note
                 )
             except Exception:
                 # Done is done (the gateway's journal has it); a retry would only be told

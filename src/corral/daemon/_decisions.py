@@ -5,6 +5,7 @@ A turn's outcome under the failure policy and the budget, and holding an agent f
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -42,6 +43,29 @@ def held_on_budget(rec: AgentRecord, spec: AgentSpec, now: datetime) -> BudgetEx
     return why
 
 
+def new_decision_id() -> str:
+    """A fresh decision id (``d_`` and 12 hex digits): known before the event is written,
+    so a command can answer it at once."""
+    return "d_" + secrets.token_hex(6)
+
+
+def resolve_hold(
+    state: State,
+    rec: AgentRecord,
+    answer: str,
+    by: str | None,
+    why: str | None,
+    note: str | None = None,
+) -> list[NewEvent]:
+    """Resolve the decision the blocked agent waits on with ``answer`` (``retry``, ``stop``,
+    ``budget``); nothing when it waits on none."""
+    decision_id = rec.get("decision")
+    found = state.decisions.get(decision_id) if decision_id else None
+    if found is None or found["state"] != "pending":
+        return []
+    return [ev.resolved(found, answer, by, why, note=note)]
+
+
 def hold(
     state: State,
     rec: AgentRecord,
@@ -50,8 +74,11 @@ def hold(
     *,
     dimension: str | None = None,
 ) -> list[NewEvent]:
-    """Hold the agent in blocked: state change, supervision needed, notice to the parent."""
-    events = ev.held(rec["id"], rec["state"], reason, error, dimension=dimension)
+    """Hold the agent in blocked: state change, supervision needed (a decision opens), notice
+    to the parent."""
+    events = ev.held(
+        rec["id"], rec["state"], reason, error, decision=new_decision_id(), dimension=dimension
+    )
     if rec["parent"] is not None:
         events.append(_notices.to_parent(state, rec, "supervision", reason=reason, error=error))
     return events
@@ -70,6 +97,7 @@ def budget_changed(
     by: str | None,
     why: str | None,
     now: datetime,
+    note: str | None = None,
 ) -> list[NewEvent]:
     """The agent's budget becomes ``new``. An agent held ``budget-exhausted`` whose budget
     is raised so that it has room again is released: its decision is resolved (action
@@ -86,7 +114,8 @@ def budget_changed(
         after = preview(state, events, now.isoformat()).get_agent(rec["id"])
         assert after is not None
         if exhausted(after, spec, now) is None:
-            events += [ev.agent_resolved(rec, "budget", by, why), ev.released(rec["id"])]
+            events += resolve_hold(state, rec, "budget", by, why, note)
+            events.append(ev.released(rec["id"]))
     return events
 
 

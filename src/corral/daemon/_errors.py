@@ -267,3 +267,43 @@ class NotFrozenError(DaemonError):
             target=target,
             agent_id=agent_id,
         )
+
+
+class DecisionNotFoundError(DaemonError):
+    code = "decision_not_found"
+
+    def __init__(self, decision_id: str) -> None:
+        super().__init__(f"no decision {decision_id!r}", decision_id=decision_id)
+
+
+class DecisionAnsweredError(DaemonError):
+    """The decision was answered already: the first answer stands."""
+
+    code = "decision_answered"
+
+    def __init__(
+        self, decision_id: str, answer: str | None, by: str | None, at: str | None
+    ) -> None:
+        super().__init__(
+            f"decision {decision_id!r} was answered already: {answer!r} by "
+            f"{by or 'nobody named'} at {at}",
+            decision_id=decision_id,
+            answer=answer,
+            by=by,
+            at=at,
+        )
+
+
+class AnswerNotAcceptedError(DaemonError, UsageError):
+    """The answer is not one the decision takes."""
+
+    code = "answer_not_accepted"
+
+    def __init__(self, decision_id: str, kind: str, answer: object, accepted: list[str]) -> None:
+        super().__init__(
+            f"decision {decision_id!r} ({kind}) takes the answers {accepted}, got {answer!r}",
+            decision_id=decision_id,
+            kind=kind,
+            answer=answer,
+            accepted=accepted,
+        )

@@ -25,6 +25,7 @@ WORKDIR_RECREATED = "agent.workdir_recreated"
 # Inboxes, decisions, commands
 NOTICE = "inbox.notice"
 NOTICES_DROPPED = "inbox.dropped"
+DECISION_REQUESTED = "decision.requested"
 DECISION_RESOLVED = "decision.resolved"
 COMMAND_RECORDED = "command.recorded"
 # The gateway (daemons started with --db)
@@ -43,6 +44,7 @@ EVENT_TYPES = frozenset(
         WORKDIR_RECREATED,
         NOTICE,
         NOTICES_DROPPED,
+        DECISION_REQUESTED,
         DECISION_RESOLVED,
         COMMAND_RECORDED,
         GATEWAY_FROZEN,
@@ -105,6 +107,28 @@ class StateChangedData(TypedDict, total=False):
     reason: str | None
     error: str | None
     dimension: str
+    decision: str  # the decision a blocked or waiting agent waits on
+
+
+class ResolvedData(TypedDict, total=False):
+    """``decision.resolved``: which decision, the answer, who gave it (``by``, the caller's
+    token name; ``note``, a name typed by the caller), why, and whether nobody answered in
+    time. Logs written before decisions had ids name the agent (``agentId``) and the answer
+    as ``action``."""
+
+    decisionId: str
+    kind: str
+    agentId: str
+    reason: str | None
+    error: str | None
+    target: str
+    freezeId: str | None
+    answer: str
+    action: str
+    by: str | None
+    note: str | None
+    why: str | None
+    timedOut: bool
 
 
 class BudgetChangedData(TypedDict):
@@ -184,16 +208,49 @@ def failed(agent_id: str, error: str) -> NewEvent:
 
 
 def held(
-    agent_id: str, was: str, reason: str, error: str | None, *, dimension: str | None = None
+    agent_id: str,
+    was: str,
+    reason: str,
+    error: str | None,
+    *,
+    decision: str,
+    dimension: str | None = None,
 ) -> list[NewEvent]:
-    """The agent is held in ``blocked`` until a person decides; ``dimension`` names the budget
-    that ran out, when one did."""
+    """The agent is held in ``blocked`` until a person answers ``decision``; ``dimension``
+    names the budget that ran out, when one did."""
     extra = {} if dimension is None else {"dimension": dimension}
-    changed = {"from": was, "to": "blocked", "reason": reason, "error": error, **extra}
+    changed = {
+        "from": was,
+        "to": "blocked",
+        "reason": reason,
+        "error": error,
+        "decision": decision,
+        **extra,
+    }
+    needed = {"reason": reason, "error": error, "decision": decision, **extra}
     return [
         NewEvent(STATE_CHANGED, agent_id, changed),
-        NewEvent(SUPERVISION_NEEDED, agent_id, {"reason": reason, "error": error, **extra}),
+        NewEvent(SUPERVISION_NEEDED, agent_id, needed),
     ]
+
+
+def approval_requested(record: AgentRecord, decision: Mapping[str, Any]) -> NewEvent:
+    """An agent asked to act and a rule wants a person to approve: ``decision`` holds the
+    ``id``, ``action``, ``context``, ``rule``, ``checkId``, ``ruleIndex``, ``reason``,
+    ``deadline`` and ``onTimeout``."""
+    return NewEvent(DECISION_REQUESTED, record["id"], {"kind": "approval", **decision})
+
+
+def waiting(agent_id: str, decision: str, *, was: str = "running") -> NewEvent:
+    """The agent's turn waits on a person's answer to ``decision``."""
+    data = {"from": was, "to": "waiting", "reason": "approval", "decision": decision}
+    return NewEvent(STATE_CHANGED, agent_id, data)
+
+
+def resumed(agent_id: str) -> NewEvent:
+    """The decisions the agent's turn waited on are answered: the turn goes on."""
+    data = {"from": "waiting", "to": "running", "reason": "answered"}
+    return NewEvent(STATE_CHANGED, agent_id, data)
 
 
 def budget_changed(
@@ -242,41 +299,40 @@ def notices_dropped(agent_id: str, ids: Sequence[int]) -> NewEvent:
     return NewEvent(NOTICES_DROPPED, agent_id, {"ids": list(ids)})
 
 
-def agent_resolved(record: AgentRecord, action: str, by: str | None, why: str | None) -> NewEvent:
-    """A person resolved the blocked agent's decision (``prompt``, ``stop``, or ``budget``
-    for a budget raised)."""
-    data = {
-        "kind": "agent_blocked",
-        "agentId": record["id"],
-        "reason": record["reason"],
-        "error": record["error"],
-        "action": action,
-        "by": by,
-        "why": why,
-    }
-    return NewEvent(DECISION_RESOLVED, record["id"], data)
-
-
-def gateway_resolved(
-    target: str,
-    agent_id: str,
-    reason: str | None,
-    freeze_id: str | None,
-    by: str,
-    why: str,
+def resolved(
+    decision: Mapping[str, Any],
+    answer: str,
+    by: str | None,
+    why: str | None,
+    *,
+    note: str | None = None,
+    timed_out: bool = False,
 ) -> NewEvent:
-    """A person reinstated an agent the gateway had frozen in database ``target``."""
-    data = {
-        "kind": "gateway_frozen",
-        "agentId": agent_id,
-        "target": target,
-        "reason": reason,
-        "freezeId": freeze_id,
-        "action": "reinstate",
+    """A person (or, ``timed_out``, the daemon at the deadline) answered ``decision``."""
+    data: ResolvedData = {
+        "decisionId": decision["id"],
+        "kind": decision["kind"],
+        "agentId": decision["agentId"],
+        "reason": decision.get("reason"),
+        "answer": answer,
         "by": by,
         "why": why,
     }
-    return NewEvent(DECISION_RESOLVED, agent_id, data)
+    if note is not None:
+        data["note"] = note
+    if timed_out:
+        data["timedOut"] = True
+    if decision.get("error") is not None:
+        data["error"] = decision["error"]
+    if decision.get("target") is not None:
+        data["target"] = decision["target"]
+        data["freezeId"] = decision.get("freezeId")
+    return NewEvent(DECISION_RESOLVED, decision["agentId"], dict(data))
+
+
+def gateway_decision_id(freeze_id: str | None, target: str, agent_id: str) -> str:
+    """The stable id of the decision a gateway freeze opens."""
+    return f"g_{freeze_id}" if freeze_id else f"g_{target}_{agent_id}"
 
 
 def gateway_frozen(target: str, freeze: Mapping[str, Any]) -> NewEvent:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from corral.daemon._policy import BUDGET_EXHAUSTED
-from corral.daemon._records import AgentRecord
-from corral.daemon._state import State
+from corral.daemon._records import DecisionRecord
+from corral.daemon._state import ANSWERS, State
 
 
 def in_scope(state: State, principal: str, agent_id: str) -> bool:
@@ -25,30 +24,18 @@ def in_scope(state: State, principal: str, agent_id: str) -> bool:
     return False
 
 
-def _resolutions(rec: AgentRecord) -> dict[str, str]:
-    """How a blocked agent's decision is resolved: an agent held on its budget needs a
-    bigger one (a prompt is refused until then)."""
-    agent = rec["id"]
-    if rec["reason"] == BUDGET_EXHAUSTED:
-        first = {"budget": f"PATCH /agents/{agent}"}
-    else:
-        first = {"prompt": f"POST /agents/{agent}/prompt"}
-    return {**first, "stop": f"POST /agents/{agent}/stop"}
+def answers_of(decision: DecisionRecord) -> list[str]:
+    """The answers a pending decision takes (none once it is answered)."""
+    if decision["state"] != "pending":
+        return []
+    return list(ANSWERS.get(decision["kind"], []))
 
 
-def blocked(state: State) -> list[dict[str, Any]]:
-    """The decisions blocked agents wait for, oldest first, as the HTTP API shows them."""
-    waiting = [
-        {
-            "kind": "agent_blocked",
-            "agentId": rec["id"],
-            "name": rec["name"],
-            "reason": rec["reason"],
-            "error": rec["error"],
-            "since": rec["updatedAt"],
-            "resolve": _resolutions(rec),
-        }
-        for rec in state.agents.values()
-        if rec["state"] == "blocked"
-    ]
+def decisions(state: State, *, resolved: bool = False) -> list[dict[str, Any]]:
+    """The pending decisions, oldest first; with ``resolved``, the answered ones, newest
+    answer first. Each as the HTTP API shows it."""
+    if resolved:
+        done = [dict(d) for d in state.decisions.values() if d["state"] == "resolved"]
+        return sorted(done, key=lambda d: str(d.get("at")), reverse=True)
+    waiting = [dict(d) for d in state.decisions.values() if d["state"] == "pending"]
     return sorted(waiting, key=lambda d: str(d["since"]))

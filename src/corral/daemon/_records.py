@@ -1,4 +1,4 @@
-"""The records the projections hold, typed: agents, notices, resolutions, commands.
+"""The records the projections hold, typed: agents, notices, decisions, commands.
 
 Their keys are the JSON the HTTP API returns (camelCase), so a record is served as it is.
 """
@@ -32,6 +32,7 @@ class AgentRecord(TypedDict):
     reason: str | None
     error: str | None
     dimension: NotRequired[str]  # the budget dimension it is held on (budget-exhausted)
+    decision: NotRequired[str]  # the decision it waits on, while blocked or waiting
     parent: str | None
     runId: str
     rootId: str
@@ -73,20 +74,46 @@ Notice = TypedDict(
 )
 
 
-class Resolution(TypedDict):
-    """A decision a person resolved: ``agent_blocked`` (prompt, stop) or ``gateway_frozen``."""
+class DecisionRecord(TypedDict):
+    """Something waiting on a person, or answered by one.
 
-    id: int
-    at: str
+    ``kind``: ``approval`` (an agent asked before acting), ``blocked`` (a failure policy held
+    the agent), ``budget_exhausted`` (its budget left no room), ``gateway_frozen`` (a
+    database breaker froze it). ``answers`` are what :meth:`answer` accepts while it is
+    ``pending``; once ``resolved`` it carries the ``answer``, who gave it (``by``: the
+    caller's token name; ``note``: a name the caller typed, kept only as a note), ``why``,
+    ``at``, and ``timedOut`` when nobody answered before its ``deadline``.
+    """
+
+    id: str
     kind: str
+    state: str
     agentId: str
+    name: NotRequired[str]
+    runId: NotRequired[str]
     reason: str | None
-    action: str
-    by: str | None
-    why: str | None
+    since: str
+    answers: list[str]
     error: NotRequired[str | None]
+    dimension: NotRequired[str]
+    # approvals
+    action: NotRequired[str]
+    context: NotRequired[dict[str, Any]]
+    rule: NotRequired[dict[str, Any]]
+    checkId: NotRequired[str]
+    ruleIndex: NotRequired[int]
+    deadline: NotRequired[str | None]
+    onTimeout: NotRequired[str]
+    # gateway freezes
     target: NotRequired[str]
     freezeId: NotRequired[str | None]
+    # once resolved
+    answer: NotRequired[str]
+    by: NotRequired[str | None]
+    note: NotRequired[str | None]
+    why: NotRequired[str | None]
+    at: NotRequired[str]
+    timedOut: NotRequired[bool]
 
 
 class CommandRecord(TypedDict):

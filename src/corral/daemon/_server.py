@@ -33,6 +33,7 @@ from corral.daemon._targets import (
     check_target_options,
     target_kind,
 )
+from corral.daemon.guardrails import Rule, check_custom, load_rules_file
 from corral.daemon.harnesses import CommandHarness, Harness, OpenAIHarness, PythonHarness
 from corral.daemon.stores import SQLiteStore, Store
 from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError, UsageError
@@ -90,6 +91,9 @@ class ServeConfig:
     ``db_statement_timeout_s`` and ``db_max_rows`` apply to every agent in every database;
     ``db_options`` maps some of the databases' names to their own :class:`TargetOptions`
     (an option of the other engine, or a name not in ``databases``, is refused here).
+    ``guardrails`` names a JSON file of daemon-wide guardrail rules that every agent's
+    actions are checked with before its own (read when the daemon starts; a file that
+    cannot be used stops it from starting with ``GuardrailsFileError``).
     ``port`` 0 picks a free port. ``token`` defaults to the ``CORRAL_TOKEN`` environment
     variable; a ``host`` that is not loopback without a token raises
     :class:`TokenRequiredError` here, before anything starts. ``store`` is a URL for
@@ -111,6 +115,7 @@ class ServeConfig:
     db_statement_timeout_s: float = 5.0
     db_max_rows: int = 1000
     db_options: Mapping[str, TargetOptions] = field(default_factory=dict)
+    guardrails: str | Path | None = None
 
     def __post_init__(self) -> None:
         where = "ServeConfig"
@@ -141,6 +146,7 @@ class ServeConfig:
         v.positive_number(where, "db_statement_timeout_s", self.db_statement_timeout_s)
         v.positive_int(where, "db_max_rows", self.db_max_rows)
         check_target_options(where, self.databases, self.db_options)
+        v.instance_of(where, "guardrails", self.guardrails, (str, Path, type(None)))
         object.__setattr__(self, "db_options", dict(self.db_options))
         if token is None and not is_loopback_host(self.host):
             raise TokenRequiredError(self.host)
@@ -169,6 +175,10 @@ async def serve(
         v.instance_of(where, "harnesses", harnesses, Mapping)
     if ready is not None:
         v.callable_(where, "ready", ready)
+    rules: tuple[Rule, ...] = ()
+    if config.guardrails is not None:
+        rules = load_rules_file(config.guardrails)
+        check_custom(rules, "guardrails file")
     sock = _listen(config.host, config.port)
     try:
         listen_url, local_url = _urls(sock)
@@ -182,6 +192,7 @@ async def serve(
                 url=local_url,
                 clock=clock,
                 token=config.token,
+                guardrails=rules,
             )
             try:
                 await service.start()
@@ -274,6 +285,8 @@ async def _serve_app(
             auth = ", bearer token required" if config.token else ""
             if config.databases:
                 auth += f", databases {', '.join(sorted(config.databases))}"
+            if config.guardrails is not None:
+                auth += f", guardrails from {config.guardrails}"
             print(
                 f"corral: listening on {listen_url} (store {_shown_store(config)}{auth})",
                 flush=True,

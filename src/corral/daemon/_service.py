@@ -13,14 +13,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 import shutil
 from collections.abc import AsyncGenerator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from corral.daemon import _admission, _budget, _commands, _decisions, _notices, _queries, _turns
+from corral.daemon import (
+    _admission,
+    _approvals,
+    _budget,
+    _commands,
+    _decisions,
+    _notices,
+    _queries,
+    _turns,
+)
 from corral.daemon import _events as ev
+from corral.daemon._approvals import Verdict
 from corral.daemon._budget import NOTHING_SPENT
 from corral.daemon._commands import CommandResult
 from corral.daemon._errors import (
@@ -28,6 +40,10 @@ from corral.daemon._errors import (
     AgentBusyError,
     AgentNotFoundError,
     AgentNotLiveError,
+    AnswerNotAcceptedError,
+    DecisionAnsweredError,
+    DecisionNotFoundError,
+    InvalidRequestError,
     NothingToSendError,
     OutOfScopeError,
     ServiceClosedError,
@@ -36,13 +52,24 @@ from corral.daemon._errors import (
 from corral.daemon._events import Event, NewEvent
 from corral.daemon._feed import EventFeed
 from corral.daemon._policy import BUDGET_EXHAUSTED as BUDGET_HELD
-from corral.daemon._records import AgentRecord, TurnUsage
+from corral.daemon._records import AgentRecord, DecisionRecord, TurnUsage
 from corral.daemon._spec import AgentSpec, parse_spec
-from corral.daemon._state import ENDED_STATES, preview
+from corral.daemon._state import BUSY_STATES, ENDED_STATES, preview
 from corral.daemon._text import escape_json
+from corral.daemon.guardrails import (
+    AskRequest,
+    EffectiveRule,
+    MatchRule,
+    Rule,
+    check_custom,
+    effective_rules,
+    evaluate,
+    rule_to_json,
+)
 from corral.daemon.harnesses import Harness, TurnResult, WarmHarness
 from corral.daemon.stores import Store
-from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError, new_id
+from corral.guard import ApprovalRequest
+from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError, TimerHandle, new_id
 from corral.kernel import _validate as v
 
 __all__ = ["AgentService", "CommandResult"]
@@ -54,6 +81,42 @@ Json = dict[str, Any]  # a record as the HTTP API returns it
 RESTARTED = "daemon restarted during turn"
 _RESULT_RETRY_FIRST_S = 0.25  # then doubling, up to _RESULT_RETRY_MAX_S between tries
 _RESULT_RETRY_MAX_S = 8.0
+DAEMON = "corral"  # who answers an approval nobody answered before its deadline
+
+
+@dataclass(frozen=True, slots=True)
+class Answering:
+    """A command given as the answer to a pending decision: it is applied only while the
+    decision is pending (``DecisionAnsweredError`` otherwise) and recorded as ``answer``."""
+
+    decision: str
+    answer: str
+    note: str | None = None
+
+    def body(self, agent_id: str) -> Json:
+        return {"decision": self.decision, "answer": self.answer, "agentId": agent_id}
+
+
+class _Pauses:
+    """How long an agent's current turn has waited on people (``paused_s`` of its harness)."""
+
+    __slots__ = ("clock", "since", "total")
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.total = 0.0
+        self.since: float | None = None
+
+    def paused_s(self) -> float:
+        ongoing = 0.0 if self.since is None else self.clock.monotonic() - self.since
+        return self.total + ongoing
+
+    def waiting(self, now_waiting: bool) -> None:
+        if now_waiting and self.since is None:
+            self.since = self.clock.monotonic()
+        elif not now_waiting and self.since is not None:
+            self.total += self.clock.monotonic() - self.since
+            self.since = None
 
 
 class AgentService:
@@ -73,6 +136,9 @@ class AgentService:
     ``token`` is the daemon's bearer token, when it has one: each agent's environment then
     carries ``CORRAL_TOKEN``, a token scoped to the agent and its descendants (see
     :meth:`in_scope`), next to ``CORRAL_URL``.
+
+    ``guardrails`` are the daemon-wide rules every agent's actions are checked with before
+    its own (:meth:`check_action`).
     """
 
     def __init__(
@@ -86,6 +152,7 @@ class AgentService:
         subscriber_buffer: int = 10_000,
         token: str | None = None,
         result_retry_s: float = 60.0,
+        guardrails: Sequence[Rule] = (),
     ) -> None:
         where = "AgentService"
         v.instance_of(where, "store", store, Store)
@@ -102,6 +169,13 @@ class AgentService:
         v.non_empty_str(where, "token", token, optional=True)
         v.non_negative_number(where, "result_retry_s", result_retry_s)
         self._result_retry_s = result_retry_s
+        self._daemon_rules = tuple(guardrails)
+        # People's answers reach the checks waiting on them through these (by decision id).
+        self._waiters: dict[str, set[ApprovalRequest]] = {}
+        self._deadlines: dict[str, TimerHandle] = {}
+        self._by_check: dict[tuple[str, int], str] = {}
+        self._pauses: dict[str, _Pauses] = {}
+        self._background: set[asyncio.Task[None]] = set()
         self._token = token
         self.store = store
         self.home = Path(home)
@@ -136,12 +210,24 @@ class AgentService:
                         logger.exception("agent %s: could not end a leftover process", rec["id"])
                 interrupted = [ev.turn_interrupted(rec["id"], turn, RESTARTED)]
                 await self._after_turn_failure(rec, turn, RESTARTED, None, interrupted)
+            # Approvals still pending: a deadline that passed while no daemon ran is applied
+            # now (recorded as timed out), the others are timed again.
+            for found in list(self.store.state.decisions.values()):
+                if found["kind"] != "approval":
+                    continue
+                if "checkId" in found and "ruleIndex" in found:
+                    self._by_check[(found["checkId"], found["ruleIndex"])] = found["id"]
+                if found["state"] == "pending":
+                    await self._time_approval(found, locked=True)
 
     async def close(self) -> None:
         """Stop running turns (their processes are ended; nothing is written for them, so the
         next start settles them as interrupted) and end event streams."""
         self._closed = True
-        tasks = list(self._turns.values())
+        for handle in self._deadlines.values():
+            handle.cancel()
+        self._deadlines.clear()
+        tasks = list(self._turns.values()) + list(self._background)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -194,12 +280,21 @@ class AgentService:
         self._record(agent_id)
         return [dict(n) for n in self.store.state.notices.values() if n["to"] == agent_id]
 
-    def decisions(self) -> list[Json]:
-        """Everything waiting on a person: blocked agents, oldest first."""
-        return _queries.blocked(self.store.state)
+    def decisions(self, *, resolved: bool = False) -> list[Json]:
+        """The decisions waiting on a person (approvals, held agents), oldest first; with
+        ``resolved``, the answered ones instead, newest first."""
+        return _queries.decisions(self.store.state, resolved=resolved)
+
+    def decision(self, decision_id: str) -> Json:
+        """One decision (``DecisionNotFoundError`` when there is none)."""
+        found = self.store.state.decisions.get(decision_id)
+        if found is None:
+            raise DecisionNotFoundError(decision_id)
+        return dict(found)
 
     def resolutions(self) -> list[Json]:
-        return [dict(r) for r in self.store.state.resolutions.values()]
+        """The answered decisions, newest first."""
+        return self.decisions(resolved=True)
 
     async def events(
         self, after: int = 0, *, agent_id: str | None = None, limit: int = 1000
@@ -222,6 +317,9 @@ class AgentService:
     async def spawn(self, data: Any, *, idempotency_key: str | None = None) -> CommandResult:
         """Create an agent from a spec (a dict or :class:`AgentSpec`); 201 with its record."""
         spec = data if isinstance(data, AgentSpec) else parse_spec(data)
+        # A custom rule is Python run here: made now, so a spec naming one that cannot be
+        # made is refused (the caller's reach was checked before: see ScopedService.spawn).
+        check_custom(spec.guardrails)
         command = {"command": "spawn", "spec": spec.to_json()}
         async with self._mutex:
             replayed = _commands.replayed(self.store.state, idempotency_key, command)
@@ -267,23 +365,29 @@ class AgentService:
         by: str | None = None,
         why: str | None = None,
         idempotency_key: str | None = None,
+        note: str | None = None,
+        answering: Answering | None = None,
     ) -> CommandResult:
         """Start a turn of an idle or blocked agent; 202.
 
         Without ``text`` the last prompt is re-sent. Prompting a blocked agent resolves its
-        decision (recorded with ``by`` and ``why``). Pending notices to the agent go in front of
-        the prompt, merged into one.
+        decision (answer ``retry``, recorded with ``by``, ``why`` and ``note``). Pending
+        notices to the agent go in front of the prompt, merged into one. ``answering``: see
+        :class:`Answering` (the answer is then 200 with the decision's id and answer).
         """
         if text is not None and not isinstance(text, str):
             raise InvalidArgumentError("prompt", "text", "a string or None", text)
         command = {"command": "prompt", "agent": agent_id, "text": text}
+        if answering is not None:
+            command = {"command": "answer", "decision": answering.decision, "text": text}
         async with self._mutex:
             replayed = _commands.replayed(self.store.state, idempotency_key, command)
             if replayed is not None:
                 return replayed
             self._refuse_if_closed("prompt")
+            self._still_pending(answering)
             rec = self._live(agent_id)
-            if rec["state"] == "running":
+            if rec["state"] in BUSY_STATES:
                 raise AgentBusyError(agent_id)
             prompt = text if text else rec["lastPrompt"]
             if not prompt:
@@ -300,7 +404,7 @@ class AgentService:
                 raise AgentBudgetExhaustedError(agent_id, exhausted)
             events: list[NewEvent] = []
             if rec["state"] == "blocked":
-                events.append(ev.agent_resolved(rec, "prompt", by, why))
+                events += _decisions.resolve_hold(self.store.state, rec, "retry", by, why, note)
             pending = _notices.pending(self.store.state, agent_id)
             turn = rec["turns"] + 1
             events.append(ev.prompted(agent_id, rec["state"]))
@@ -310,6 +414,8 @@ class AgentService:
                 )
             )
             result = CommandResult(202, {"id": agent_id, "accepted": "prompt"})
+            if answering is not None:
+                result = CommandResult(200, answering.body(agent_id))
             await self._commit(events, idempotency_key, command, result)
             self._launch(agent_id, turn, _notices.with_notices(prompt, pending))
             return result
@@ -321,14 +427,21 @@ class AgentService:
         by: str | None = None,
         why: str | None = None,
         idempotency_key: str | None = None,
+        note: str | None = None,
+        answering: Answering | None = None,
     ) -> CommandResult:
-        """End an agent: a turn in flight is cancelled (its process killed); 202."""
+        """End an agent: a turn in flight is cancelled (its process killed); 202. A blocked
+        agent's decision is resolved (answer ``stop``); approvals it waits on are
+        withdrawn."""
         command = {"command": "stop", "agent": agent_id}
+        if answering is not None:
+            command = {"command": "answer", "decision": answering.decision, "answer": "stop"}
         async with self._mutex:
             replayed = _commands.replayed(self.store.state, idempotency_key, command)
             if replayed is not None:
                 return replayed
             self._refuse_if_closed("stop")
+            self._still_pending(answering)
             rec = self._live(agent_id)
             task = self._turns.pop(agent_id, None)
             if task is not None:
@@ -338,10 +451,13 @@ class AgentService:
             if rec["turnInFlight"] is not None:
                 events.append(ev.turn_interrupted(agent_id, rec["turnInFlight"], "agent stopped"))
             if rec["state"] == "blocked":
-                events.append(ev.agent_resolved(rec, "stop", by, why))
+                events += _decisions.resolve_hold(self.store.state, rec, "stop", by, why, note)
+            events += self._withdraw(agent_id, "the agent was stopped")
             events.append(ev.stopped(agent_id, rec["state"], by, why))
             events += _decisions.drop_pending(self.store.state, agent_id)
             result = CommandResult(202, {"id": agent_id, "accepted": "stop"})
+            if answering is not None:
+                result = CommandResult(200, answering.body(agent_id))
             await self._commit(events, idempotency_key, command, result)
         await self._release(agent_id)
         shutil.rmtree(self._workdir(agent_id), ignore_errors=True)
@@ -356,6 +472,8 @@ class AgentService:
         why: str | None = None,
         idempotency_key: str | None = None,
         lower_only: str | None = None,
+        note: str | None = None,
+        answering: Answering | None = None,
     ) -> CommandResult:
         """Change a live agent's budget; 200 with its record.
 
@@ -370,11 +488,14 @@ class AgentService:
         prompt). A turn in flight keeps the budget it started with.
         """
         command = {"command": "budget", "agent": agent_id, "budget": dict(changes)}
+        if answering is not None:
+            command = {"command": "answer", "decision": answering.decision, "budget": command}
         async with self._mutex:
             replayed = _commands.replayed(self.store.state, idempotency_key, command)
             if replayed is not None:
                 return replayed
             self._refuse_if_closed("budget")
+            self._still_pending(answering)
             rec = self._live(agent_id)
             spec = self._spec(agent_id)
             current = _budget.in_force(rec, spec)
@@ -382,10 +503,17 @@ class AgentService:
             if lower_only is not None and _budget.raises(new, current):
                 raise OutOfScopeError(lower_only, "raising a budget (a person decides)")
             now = self.clock.now()
-            events = _decisions.budget_changed(self.store.state, rec, spec, new, by, why, now)
+            events = _decisions.budget_changed(self.store.state, rec, spec, new, by, why, now, note)
             after = preview(self.store.state, events, now.isoformat()).get_agent(agent_id)
             assert after is not None
+            if answering is not None and after["state"] == "blocked":
+                # The new budget still leaves no room: the decision stays open.
+                raise AgentBudgetExhaustedError(
+                    agent_id, _decisions.held_on_budget(after, spec, now)
+                )
             result = CommandResult(200, dict(after))
+            if answering is not None:
+                result = CommandResult(200, answering.body(agent_id))
             await self._commit(events, idempotency_key, command, result)
             return result
 
@@ -419,20 +547,388 @@ class AgentService:
             after = page[-1].seq
 
     async def record_gateway_resolution(
-        self, target: str, agent_id: str, freeze: Json | None, reinstatement: Json
+        self,
+        target: str,
+        agent_id: str,
+        freeze: Json | None,
+        reinstatement: Json,
+        note: str | None = None,
     ) -> None:
         """Log a person's reinstatement of ``agent_id`` in database ``target`` as a resolved
-        decision (kind ``gateway_frozen``, action ``reinstate``, with ``by`` and ``why``)."""
+        decision (kind ``gateway_frozen``, answer ``reinstate``, with ``by``, ``why`` and
+        ``note``)."""
+        freeze_id = reinstatement.get("freezeId")
+        decision = {
+            "id": ev.gateway_decision_id(freeze_id, target, agent_id),
+            "kind": "gateway_frozen",
+            "agentId": agent_id,
+            "reason": None if freeze is None else freeze.get("reason"),
+            "target": target,
+            "freezeId": freeze_id,
+        }
         async with self._mutex:
-            resolved = ev.gateway_resolved(
-                target,
-                agent_id,
-                reason=None if freeze is None else freeze.get("reason"),
-                freeze_id=reinstatement.get("freezeId"),
-                by=reinstatement["by"],
-                why=reinstatement["reason"],
+            resolved = ev.resolved(
+                decision, "reinstate", reinstatement["by"], reinstatement["reason"], note=note
             )
             await self._commit([resolved])
+
+    # --- actions and approvals --------------------------------------------------------------
+
+    def rules_of(self, agent_id: str) -> tuple[EffectiveRule, ...]:
+        """The rules ``agent_id``'s actions are checked with: the daemon's, then each
+        ancestor's from the root down, then its own."""
+        chain: list[str] = []
+        current: str | None = agent_id
+        while current is not None and current not in chain:
+            chain.append(current)
+            current = self._record(current)["parent"]
+        return effective_rules(
+            self._daemon_rules, [(a, self._spec(a).guardrails) for a in reversed(chain)]
+        )
+
+    async def check_action(
+        self,
+        agent_id: str,
+        action: str,
+        context: Mapping[str, Any] | None = None,
+        *,
+        wait_s: float = 0.0,
+        check_id: str | None = None,
+    ) -> Verdict:
+        """May live agent ``agent_id`` do ``action``? Its rules (:meth:`rules_of`) decide.
+
+        Answers at once when no rule asks a person. A rule that asks opens an ``approval``
+        decision (``decision.requested``; an agent whose turn is running is ``waiting``
+        until it is answered) and the check waits up to ``wait_s`` seconds (``math.inf``:
+        until the answer) for it: answered, the check goes on with the later rules; not
+        yet, the verdict is ``pending`` with the decision's id (ask again with
+        :meth:`action_verdict`). ``check_id`` re-runs an earlier check: its rules that asked
+        already find their decisions instead of opening new ones. Raises
+        ``InvalidRequestError`` for bad input, ``AgentNotFoundError``/``AgentNotLiveError``.
+        """
+        context = _approvals.check_input(action, context, wait_s)
+        self._live(agent_id)
+        rules = self.rules_of(agent_id)
+        if not any(getattr(rule.rule, "verdict", None) == "ask" for rule in rules):
+            return _approvals.verdict_of(
+                await evaluate(rules, agent_id, action, context, _never_asks), None
+            )
+        check = check_id or _approvals.new_check_id()
+        asked: list[str] = []
+        mine: list[tuple[str, ApprovalRequest]] = []
+        person_asked = asyncio.Event()
+
+        async def on_ask(ask: AskRequest) -> None:
+            decision_id = await self._approval_for(agent_id, check, ask, action, context)
+            asked.append(decision_id)
+            found = self.store.state.decisions[decision_id]
+            if found["state"] == "resolved":
+                ask.request.resolve(_approvals.allowed(found))
+                return
+            self._waiters.setdefault(decision_id, set()).add(ask.request)
+            mine.append((decision_id, ask.request))
+            person_asked.set()
+
+        task = asyncio.ensure_future(evaluate(rules, agent_id, action, context, on_ask))
+        asking = asyncio.ensure_future(person_asked.wait())
+        try:
+            await asyncio.wait({task, asking}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                await asyncio.wait({task}, timeout=None if math.isinf(wait_s) else wait_s)
+            if not task.done():
+                return _approvals.pending(self.store.state.decisions[asked[-1]])
+            result = task.result()
+        finally:
+            asking.cancel()
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            for decision_id, request in mine:
+                self._waiters.get(decision_id, set()).discard(request)
+        verdict = _approvals.verdict_of(result, asked[-1] if asked else None)
+        last = self.store.state.decisions.get(asked[-1]) if asked else None
+        if not verdict.allowed and last is not None and not _approvals.allowed(last):
+            # Blocked because the person said no (or nobody answered): say so.
+            return Verdict("blocked", _approvals.denial_reason(last), verdict.warnings, last["id"])
+        return verdict
+
+    async def action_verdict(self, decision_id: str, *, wait_s: float = 0.0) -> Verdict:
+        """The verdict of the check that opened approval ``decision_id``, waiting up to
+        ``wait_s`` seconds for the people it waits on (the check is run again: the rules
+        before the approval, the approval's answer, the rules after it, which may ask
+        again and answer ``pending`` with a new decision). ``DecisionNotFoundError`` for an
+        id that is no approval."""
+        found = self.store.state.decisions.get(decision_id)
+        if found is None or found["kind"] != "approval" or "checkId" not in found:
+            raise DecisionNotFoundError(decision_id)
+        agent_id = found["agentId"]
+        if self._record(agent_id)["state"] in ENDED_STATES:
+            if found["state"] == "pending":
+                return _approvals.pending(found)
+            reason = _approvals.denial_reason(found)
+            if _approvals.allowed(found):
+                reason = f"approved, but agent {agent_id} has ended"
+            return Verdict("blocked", reason, (), decision_id)
+        return await self.check_action(
+            agent_id,
+            found.get("action", ""),
+            found.get("context"),
+            wait_s=wait_s,
+            check_id=found["checkId"],
+        )
+
+    async def answer(
+        self,
+        decision_id: str,
+        answer: str,
+        *,
+        by: str | None = None,
+        why: str | None = None,
+        note: str | None = None,
+        text: str | None = None,
+        budget: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        lower_only: str | None = None,
+    ) -> CommandResult:
+        """Answer a pending decision; 200 ``{"decision", "answer", "agentId"}``.
+
+        ``approval``: ``approve`` or ``deny``. ``blocked``: ``retry`` (re-sends the last
+        prompt, or ``text``) or ``stop``. ``budget_exhausted``: ``budget`` (the new
+        ``budget``, camelCase dimensions) or ``stop``. Every answer is recorded
+        (``decision.resolved``) with ``by``, ``why`` and ``note``. Raises
+        ``DecisionNotFoundError``, ``DecisionAnsweredError`` (409: who answered, when),
+        ``AnswerNotAcceptedError`` (400: the answers it takes). Gateway freezes are answered
+        through the daemon's databases, not here.
+        """
+        found = self.store.state.decisions.get(decision_id)
+        if found is None:
+            raise DecisionNotFoundError(decision_id)
+        command = {"command": "answer", "decision": decision_id, "answer": answer}
+        replayed = _commands.replayed(self.store.state, idempotency_key, command)
+        if replayed is not None:
+            return replayed
+        accepted = _queries.answers_of(found)
+        if found["state"] == "pending" and answer not in accepted:
+            raise AnswerNotAcceptedError(decision_id, found["kind"], answer, accepted)
+        answering = Answering(decision_id, answer, note)
+        agent_id = found["agentId"]
+        if found["kind"] != "approval":
+            self._still_pending(answering)
+        key = idempotency_key
+        if answer == "retry":
+            return await self.prompt(
+                agent_id, text, by=by, why=why, idempotency_key=key, note=note, answering=answering
+            )
+        if answer == "stop":
+            return await self.stop(
+                agent_id, by=by, why=why, idempotency_key=key, note=note, answering=answering
+            )
+        if answer == "budget":
+            if not isinstance(budget, Mapping):
+                raise InvalidArgumentError("answer", "budget", "the new budget (an object)", budget)
+            return await self.change_budget(
+                agent_id,
+                budget,
+                by=by,
+                why=why,
+                idempotency_key=key,
+                lower_only=lower_only,
+                note=note,
+                answering=answering,
+            )
+        async with self._mutex:
+            replayed = _commands.replayed(self.store.state, idempotency_key, command)
+            if replayed is not None:
+                return replayed
+            self._refuse_if_closed("answer")
+            self._still_pending(answering)
+            found = self.store.state.decisions[decision_id]
+            result = CommandResult(200, answering.body(agent_id))
+            events = self._approval_answered(found, answer, by, why, note=note)
+            await self._commit(events, idempotency_key, command, result)
+        self._settle_waiters(decision_id)
+        return result
+
+    def _still_pending(self, answering: Answering | None) -> None:
+        """Refuse a command given as the answer to a decision answered already."""
+        if answering is None:
+            return
+        found = self.store.state.decisions.get(answering.decision)
+        if found is None:
+            raise DecisionNotFoundError(answering.decision)
+        if found["state"] != "pending":
+            raise DecisionAnsweredError(
+                found["id"], found.get("answer"), found.get("by"), found.get("at")
+            )
+
+    async def _approval_for(
+        self,
+        agent_id: str,
+        check_id: str,
+        ask: AskRequest,
+        action: str,
+        context: Mapping[str, Any],
+    ) -> str:
+        """The approval decision of ``ask`` in check ``check_id``: the one opened already,
+        or a new one (committed, its deadline timed). A running agent goes ``waiting``."""
+        async with self._mutex:
+            self._refuse_if_closed("check")
+            rec = self._live(agent_id)
+            existing = self._by_check.get((check_id, ask.index))
+            events: list[NewEvent] = []
+            if existing is not None:
+                found = self.store.state.decisions[existing]
+                if found["state"] == "pending" and rec["state"] == "running":
+                    events.append(ev.waiting(agent_id, existing))
+                    await self._commit(events)
+                return existing
+            decision_id = _decisions.new_decision_id()
+            rule = ask.rule.rule
+            reason = rule.reason if isinstance(rule, MatchRule) else None
+            timeout_s = float(ask.timeout_s)
+            data: dict[str, Any] = {
+                "id": decision_id,
+                "action": action,
+                "context": dict(context),
+                "rule": rule_to_json(ask.rule),
+                "checkId": check_id,
+                "ruleIndex": ask.index,
+                "reason": reason or f"{ask.rule.label} asks a person first",
+                "deadline": _approvals.deadline(self.clock.now(), timeout_s),
+                "timeoutS": timeout_s,
+                "onTimeout": ask.on_timeout,
+                "turn": rec["turnInFlight"],
+            }
+            events.append(ev.approval_requested(rec, data))
+            if rec["state"] == "running":
+                events.append(ev.waiting(agent_id, decision_id))
+            await self._commit(events)
+            self._by_check[(check_id, ask.index)] = decision_id
+            await self._time_approval(self.store.state.decisions[decision_id], locked=True)
+            return decision_id
+
+    def _approval_answered(
+        self,
+        found: DecisionRecord,
+        answer: str,
+        by: str | None,
+        why: str | None,
+        *,
+        note: str | None = None,
+        timed_out: bool = False,
+    ) -> list[NewEvent]:
+        """The approval is answered; its agent's turn goes on once nothing else holds it."""
+        events = [ev.resolved(found, answer, by, why, note=note, timed_out=timed_out)]
+        handle = self._deadlines.pop(found["id"], None)
+        if handle is not None:
+            handle.cancel()
+        rec = self.store.state.agents.get(found["agentId"])
+        if rec is not None and rec["state"] == "waiting" and rec.get("decision") == found["id"]:
+            others = [
+                d["id"]
+                for d in self.store.state.decisions.values()
+                if d["kind"] == "approval"
+                and d["state"] == "pending"
+                and d["agentId"] == rec["id"]
+                and d["id"] != found["id"]
+                and d.get("turn") == rec["turnInFlight"]
+            ]
+            if others:
+                events.append(ev.waiting(rec["id"], others[0], was="waiting"))
+            else:
+                events.append(ev.resumed(rec["id"]))
+        return events
+
+    def _withdraw(self, agent_id: str, why: str, *, turn: int | None = None) -> list[NewEvent]:
+        """Withdraw the agent's pending approvals (it ended), or those its turn ``turn``
+        waited on (the turn ended)."""
+        events = []
+        for found in list(self.store.state.decisions.values()):
+            if (
+                found["kind"] == "approval"
+                and found["state"] == "pending"
+                and found["agentId"] == agent_id
+                and (turn is None or found.get("turn") == turn)
+            ):
+                events.append(ev.resolved(found, "withdrawn", None, why))
+                handle = self._deadlines.pop(found["id"], None)
+                if handle is not None:
+                    handle.cancel()
+                self._soon(self._settle_later(found["id"]))
+        return events
+
+    async def _settle_later(self, decision_id: str) -> None:
+        # Runs after the withdrawal's commit (it waits for the lock the commit holds).
+        async with self._mutex:
+            pass
+        self._settle_waiters(decision_id)
+
+    def _settle_waiters(self, decision_id: str) -> None:
+        """Hand an answered decision's answer to the checks waiting on it."""
+        found = self.store.state.decisions.get(decision_id)
+        if found is None or found["state"] != "resolved":
+            return
+        for request in self._waiters.pop(decision_id, set()):
+            request.resolve(_approvals.allowed(found))
+
+    async def _time_approval(self, found: DecisionRecord, *, locked: bool = False) -> None:
+        """Answer the approval at its deadline (now, when it has passed: the daemon was
+        down); ``locked``: the caller holds the mutex."""
+        deadline = found.get("deadline")
+        if deadline is None:
+            return
+        delay = _approvals.seconds_until(self.clock.now(), deadline)
+        if delay <= 0:
+            await self._expire(found["id"], locked=locked)
+            return
+        handle = self.clock.call_later(
+            max(0.0, delay), lambda: self._soon(self._expire(found["id"]))
+        )
+        self._deadlines[found["id"]] = handle
+
+    async def _expire(self, decision_id: str, *, locked: bool = False) -> None:
+        """Answer the approval as its ``onTimeout`` says, recorded as timed out."""
+        if not locked:
+            async with self._mutex:
+                await self._expire(decision_id, locked=True)
+            self._settle_waiters(decision_id)
+            return
+        found = self.store.state.decisions.get(decision_id)
+        self._deadlines.pop(decision_id, None)
+        if found is None or found["state"] != "pending" or self._closed:
+            return
+        answer = _approvals.timeout_answer(found)
+        timeout_s, on_timeout = found.get("timeoutS", 0), found.get("onTimeout", "deny")
+        why = f"nobody answered within {timeout_s:g} s (onTimeout {on_timeout})"
+        await self._commit(self._approval_answered(found, answer, DAEMON, why, timed_out=True))
+
+    def _soon(self, work: Any) -> None:
+        """Run ``work`` (a coroutine) on its own task; shutting down waits for it."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("background work failed", exc_info=task.exception())
+
+    def pauses(self, agent_id: str) -> _Pauses:
+        """How long ``agent_id``'s current turn has waited on people."""
+        found = self._pauses.get(agent_id)
+        if found is None:
+            found = self._pauses[agent_id] = _Pauses(self.clock)
+        return found
+
+    async def _harness_check(
+        self, agent_id: str, action: str, context: dict[str, object]
+    ) -> Verdict:
+        """The check a harness asks before each tool call: it waits for people as long as
+        their approvals allow."""
+        try:
+            return await self.check_action(agent_id, action, dict(context), wait_s=math.inf)
+        except (InvalidRequestError, AgentNotLiveError) as exc:
+            return Verdict("blocked", exc.message)
 
     # --- turns ------------------------------------------------------------------------------
 
@@ -456,7 +952,18 @@ class AgentService:
         spec = self._spec(agent_id)
         env = _turns.agent_env(rec, self.url, self._token)
         now = self.clock.now()
-        turn_request = _turns.request(rec, spec, turn, prompt, now, home=self.home, env=env)
+        pauses = self._pauses[agent_id] = _Pauses(self.clock)
+        turn_request = _turns.request(
+            rec,
+            spec,
+            turn,
+            prompt,
+            now,
+            home=self.home,
+            env=env,
+            check_action=self._harness_check,
+            paused_s=pauses.paused_s,
+        )
         outcome = await _turns.run(self.harnesses[spec.harness], turn_request)
         # The turn's outcome is written when the store takes it: a store that blips (a
         # dropped connection, a database restarting) is tried again, for up to
@@ -518,7 +1025,9 @@ class AgentService:
         usage: TurnUsage = {"tokens": result.tokens, "costUsd": result.cost_usd}
         spec = self._spec(rec["id"])
         state = self.store.state
-        await self._commit(_decisions.turn_succeeded(state, rec, spec, turn, result.output, usage))
+        events = self._withdraw(rec["id"], f"turn {turn} ended", turn=turn)
+        events += _decisions.turn_succeeded(state, rec, spec, turn, result.output, usage)
+        await self._commit(events)
         self._release_if_ended(rec["id"])
 
     async def _after_turn_failure(
@@ -535,6 +1044,7 @@ class AgentService:
         that stopped on budget ``dimension`` holds the agent); start a retry if it says so.
         Call with the mutex held."""
         spec = self._spec(rec["id"])
+        before = [*self._withdraw(rec["id"], f"turn {turn} ended", turn=turn), *before]
         events, retry = _decisions.turn_failed(
             self.store.state,
             rec,
@@ -565,6 +1075,8 @@ class AgentService:
         for event in written:
             if event.type == ev.STATE_CHANGED:
                 d = event.data
+                if event.agent_id is not None and "waiting" in (d.get("from"), d.get("to")):
+                    self.pauses(event.agent_id).waiting(d["to"] == "waiting")
                 logger.info(
                     "agent %s: %s -> %s (%s)%s",
                     event.agent_id,
@@ -633,3 +1145,8 @@ class AgentService:
 
     def _state_dir(self, agent_id: str) -> Path:
         return _turns.state_dir(self.home, agent_id)
+
+
+def _never_asks(ask: AskRequest) -> None:
+    """The ``on_ask`` of rules without an ``ask``: never called."""
+    raise AssertionError("a rule asked a person, but none of the rules asks")

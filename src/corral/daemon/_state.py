@@ -18,14 +18,29 @@ from corral.daemon._events import (
     CommandData,
     Event,
     NewEvent,
+    ResolvedData,
     StateChangedData,
     TurnEndedData,
     TurnStartedData,
 )
-from corral.daemon._records import AgentRecord, CommandRecord, Notice, Resolution, TurnUsage
+from corral.daemon._records import AgentRecord, CommandRecord, DecisionRecord, Notice, TurnUsage
 
-LIVE_STATES = frozenset({"running", "idle", "blocked"})
+LIVE_STATES = frozenset({"running", "waiting", "idle", "blocked"})
 ENDED_STATES = frozenset({"failed", "stopped"})
+BUSY_STATES = frozenset({"running", "waiting"})  # a turn is in flight
+
+PROJECTIONS_VERSION = 2
+"""Bumped whenever the reducer builds the projections differently: a store whose stored
+projections carry another version rebuilds them from the log when it opens."""
+
+# The answers each kind of decision takes while pending.
+ANSWERS: dict[str, list[str]] = {
+    "approval": ["approve", "deny"],
+    "blocked": ["retry", "stop"],
+    "budget_exhausted": ["budget", "stop"],
+    "gateway_frozen": ["reinstate"],
+}
+BUDGET_HELD = "budget-exhausted"  # the hold reason of corral.daemon._policy
 
 
 @dataclass
@@ -34,7 +49,7 @@ class State:
 
     agents: dict[str, AgentRecord] = field(default_factory=dict)
     notices: dict[int, Notice] = field(default_factory=dict)
-    resolutions: dict[int, Resolution] = field(default_factory=dict)
+    decisions: dict[str, DecisionRecord] = field(default_factory=dict)
     commands: dict[str, CommandRecord] = field(default_factory=dict)
     last_seq: int = 0
 
@@ -43,7 +58,7 @@ class State:
         data = {
             "agents": self.agents,
             "notices": {str(k): v for k, v in self.notices.items()},
-            "resolutions": {str(k): v for k, v in self.resolutions.items()},
+            "decisions": self.decisions,
             "commands": self.commands,
             "last_seq": self.last_seq,
         }
@@ -66,7 +81,7 @@ class Tx:
         self.state = state
         self.agents: dict[str, AgentRecord] = {}
         self.notices: dict[int, Notice] = {}
-        self.resolutions: dict[int, Resolution] = {}
+        self.decisions: dict[str, DecisionRecord] = {}
         self.commands: dict[str, CommandRecord] = {}
         self.last_seq = state.last_seq
 
@@ -91,6 +106,17 @@ class Tx:
             self.notices[notice_id] = rec
         return rec
 
+    def decision(self, decision_id: str) -> DecisionRecord | None:
+        """A writable copy of the decision's record, or None when there is none."""
+        rec = self.decisions.get(decision_id)
+        if rec is None:
+            base = self.state.decisions.get(decision_id)
+            if base is None:
+                return None
+            rec = base.copy()
+            self.decisions[decision_id] = rec
+        return rec
+
     def apply(self, event: Event) -> None:
         if event.seq != self.last_seq + 1:
             raise ReplayError(f"event {event.seq} follows {self.last_seq}: the log has a gap")
@@ -104,7 +130,7 @@ class Tx:
         """Make the changes part of the state (call once the changes are durable)."""
         self.state.agents.update(self.agents)
         self.state.notices.update(self.notices)
-        self.state.resolutions.update(self.resolutions)
+        self.state.decisions.update(self.decisions)
         self.state.commands.update(self.commands)
         self.state.last_seq = self.last_seq
 
@@ -220,6 +246,12 @@ def _state_changed(tx: Tx, event: Event) -> None:
         rec["dimension"] = data["dimension"]
     else:
         rec.pop("dimension", None)
+    # The decision a blocked or waiting agent waits on (older logs name it only in
+    # agent.supervision_needed, which comes next).
+    if data.get("decision") is not None:
+        rec["decision"] = data["decision"]
+    else:
+        rec.pop("decision", None)
     rec["updatedAt"] = event.ts
     if data["to"] in ENDED_STATES:
         rec["endedAt"] = event.ts
@@ -250,11 +282,85 @@ def _dropped(tx: Tx, event: Event) -> None:
         notice["droppedAt"] = event.ts
 
 
+def _supervision_needed(tx: Tx, event: Event) -> None:
+    """A hold opens a decision: ``blocked``, or ``budget_exhausted`` for a budget hold."""
+    rec = tx.agent(_agent_id(event))
+    data = event.data
+    decision_id = str(data.get("decision") or f"d_{event.seq}")
+    kind = "budget_exhausted" if data.get("reason") == BUDGET_HELD else "blocked"
+    opened: DecisionRecord = {
+        "id": decision_id,
+        "kind": kind,
+        "state": "pending",
+        "agentId": rec["id"],
+        "name": rec["name"],
+        "runId": rec["runId"],
+        "reason": data.get("reason"),
+        "error": data.get("error"),
+        "since": event.ts,
+        "answers": list(ANSWERS[kind]),
+    }
+    if data.get("dimension") is not None:
+        opened["dimension"] = data["dimension"]
+    tx.decisions[decision_id] = opened
+    rec["decision"] = decision_id
+
+
+def _requested(tx: Tx, event: Event) -> None:
+    """An agent asked to act and a rule wants a person's approval."""
+    rec = tx.agent(_agent_id(event))
+    data = dict(event.data)
+    decision = cast(DecisionRecord, data)
+    decision["state"] = "pending"
+    decision["agentId"] = rec["id"]
+    decision["name"] = rec["name"]
+    decision["runId"] = rec["runId"]
+    decision["since"] = event.ts
+    decision["answers"] = list(ANSWERS["approval"])
+    tx.decisions[decision["id"]] = decision
+
+
 def _resolved(tx: Tx, event: Event) -> None:
-    resolution = cast(Resolution, dict(event.data))
-    resolution["id"] = event.seq
-    resolution["at"] = event.ts
-    tx.resolutions[event.seq] = resolution
+    data = cast(ResolvedData, event.data)
+    agent_id = data.get("agentId") or _agent_id(event)
+    kind = data.get("kind", "blocked")
+    decision_id = data.get("decisionId")
+    if decision_id is None:  # a log from before decisions had ids
+        if kind == "gateway_frozen":
+            decision_id = ev.gateway_decision_id(
+                data.get("freezeId"), data.get("target", ""), agent_id
+            )
+        else:
+            held = tx.get_agent(agent_id)
+            waited_on = None if held is None else held.get("decision")
+            decision_id = waited_on or f"d_{event.seq}"
+    found = tx.decision(decision_id)
+    if found is None:
+        # A decision the log did not open (a gateway freeze, listed live from the gateway).
+        found = {
+            "id": decision_id,
+            "kind": "blocked" if kind == "agent_blocked" else kind,
+            "state": "pending",
+            "agentId": agent_id,
+            "reason": data.get("reason"),
+            "since": event.ts,
+            "answers": [],
+        }
+        if "error" in data:
+            found["error"] = data["error"]
+        if "target" in data:
+            found["target"] = data["target"]
+            found["freezeId"] = data.get("freezeId")
+        tx.decisions[decision_id] = found
+    found["state"] = "resolved"
+    found["answer"] = data.get("answer") or data.get("action") or ""
+    found["by"] = data.get("by")
+    found["why"] = data.get("why")
+    if data.get("note") is not None:
+        found["note"] = data["note"]
+    found["timedOut"] = bool(data.get("timedOut", False))
+    found["at"] = event.ts
+    found["answers"] = []
 
 
 def _command(tx: Tx, event: Event) -> None:
@@ -275,11 +381,12 @@ _HANDLERS: dict[str, Callable[[Tx, Event], None]] = {
     ev.TURN_FAILED: _turn_failed,
     ev.TURN_INTERRUPTED: _turn_interrupted,
     ev.STATE_CHANGED: _state_changed,
-    ev.SUPERVISION_NEEDED: _no_projection,
+    ev.SUPERVISION_NEEDED: _supervision_needed,
     ev.BUDGET_CHANGED: _budget_changed,
     ev.WORKDIR_RECREATED: _no_projection,
     ev.NOTICE: _notice,
     ev.NOTICES_DROPPED: _dropped,
+    ev.DECISION_REQUESTED: _requested,
     ev.DECISION_RESOLVED: _resolved,
     ev.COMMAND_RECORDED: _command,
     ev.GATEWAY_FROZEN: _no_projection,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -15,6 +16,7 @@ from corral.daemon._records import AgentRecord
 from corral.daemon._spec import AgentSpec
 from corral.daemon._text import escape, escape_json
 from corral.daemon.harnesses import Harness, TurnFailedError, TurnRequest, TurnResult
+from corral.kernel import ActionCheck
 
 logger = logging.getLogger("corral.daemon")
 
@@ -44,14 +46,19 @@ def request(
     *,
     home: Path,
     env: dict[str, str],
+    check_action: ActionCheck | None = None,
+    paused_s: Callable[[], float] | None = None,
 ) -> TurnRequest:
-    """Turn ``turn`` of the agent, with what is left of its budget at ``now``."""
+    """Turn ``turn`` of the agent, with what is left of its budget at ``now``, the action
+    check its harness asks before each tool call, and how long it has waited on people."""
     age = _budget.age_s(rec["createdAt"], now)
     remaining = _budget.remaining(_budget.in_force(rec, spec).to_budget(), rec["usage"], age)
     timeout_s = spec.turn_timeout_s
-    if remaining.deadline_s is not None:
-        # A turn may not outlive the agent's deadline: it is cut short (a failed turn).
-        timeout_s = max(0.001, min(timeout_s, remaining.deadline_s))
+    if remaining.deadline_s is not None and remaining.deadline_s < timeout_s:
+        # A turn may not outlive the agent's deadline: it is cut short (a failed turn). The
+        # deadline is wall time, so waiting on a person does not move it.
+        timeout_s = max(0.001, remaining.deadline_s)
+        paused_s = None
     return TurnRequest(
         agent_id=rec["id"],
         turn=turn,
@@ -62,6 +69,8 @@ def request(
         env=env,
         timeout_s=timeout_s,
         remaining=remaining,
+        check_action=check_action,
+        paused_s=paused_s,
     )
 
 

@@ -74,7 +74,7 @@ class BudgetBody(RequestBody):
     required = True
 
     budget: BudgetChange
-    by: str = Field(min_length=1)
+    by: str | None = Field(default=None, min_length=1)
     why: str = Field(min_length=1)
     idempotency_key: str | None = Field(default=None, min_length=1)
 
@@ -180,17 +180,6 @@ async def change_budget(agent_id: str, request: Request) -> JSONResponse:
 
 async def inbox(agent_id: str, request: Request) -> JSONResponse:
     return JSONResponse({"agentId": agent_id, "notices": api_of(request).inbox(agent_id)})
-
-
-async def decisions(
-    request: Request,
-    resolved: Annotated[bool, Query(description="Add the recorded resolutions")] = False,
-) -> JSONResponse:
-    api = api_of(request)
-    answer: dict[str, Any] = {"decisions": api.decisions()}
-    if resolved:
-        answer["resolutions"] = api.resolutions()
-    return JSONResponse(answer)
 
 
 async def events(
@@ -314,13 +303,6 @@ ROUTES = [
         inbox,
         "Notices to an agent",
         responses=errors(401, 403, 404),
-    ),
-    ApiRoute(
-        "GET",
-        "/decisions",
-        decisions,
-        "Everything waiting on a person",
-        responses=errors(400, 401),
     ),
     ApiRoute(
         "GET",

@@ -24,7 +24,7 @@ from corral.daemon._api import ScopedService
 from corral.daemon._auth import AGENT_SCOPE_KEY, agent_of_token
 from corral.daemon._databases import Databases
 from corral.daemon._errors import InvalidRequestError, UnauthorizedError
-from corral.daemon._http import _agents, _gateway
+from corral.daemon._http import _agents, _decisions, _gateway
 from corral.daemon._http._common import (
     ApiRoute,
     BodyTooLargeError,
@@ -40,7 +40,7 @@ from corral.kernel import _validate as v
 
 logger = logging.getLogger("corral.daemon.http")
 
-ROUTES: list[ApiRoute] = [*_agents.ROUTES, *_gateway.ROUTES]
+ROUTES: list[ApiRoute] = [*_agents.ROUTES, *_decisions.ROUTES, *_gateway.ROUTES]
 
 
 # --- the app ------------------------------------------------------------------------------

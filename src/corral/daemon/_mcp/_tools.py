@@ -71,6 +71,48 @@ class AgentArgs(Args):
     agent_id: str = _AGENT
 
 
+class ActionArgs(Args):
+    agent_id: str = Field(min_length=1, description="The agent that wants to act (yourself).")
+    action: str = Field(
+        min_length=1, description='What it wants to do, in words: "deploy web to prod".'
+    )
+    context: dict[str, Any] | None = Field(
+        default=None, description="Details a person deciding should see."
+    )
+    wait_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=300,
+        description="Seconds to wait for a person when a rule asks one (then pending).",
+    )
+
+
+class VerdictArgs(Args):
+    decision: str = Field(min_length=1, description="The decision id a pending check gave.")
+    wait_s: float = Field(default=0.0, ge=0, le=300, description="Seconds to wait for a person.")
+
+
+class DecisionsArgs(Args):
+    resolved: bool = Field(
+        default=False, description="The answered decisions instead, newest first."
+    )
+
+
+class AnswerArgs(Args):
+    decision: str = Field(min_length=1, description="The decision's id (see decisions_list).")
+    answer: str = Field(
+        min_length=1,
+        description="One of the decision's answers: approve or deny (approval), retry or "
+        "stop (blocked), budget or stop (budget_exhausted), reinstate (gateway_frozen).",
+    )
+    why: str | None = Field(default=None, description="Why (recorded).")
+    text: str | None = Field(default=None, description="With retry: the prompt to re-send.")
+    budget: dict[str, float | int | None] | None = Field(
+        default=None, description="With budget: the dimensions to change (camelCase)."
+    )
+    idempotency_key: str | None = _KEY
+
+
 class NoArgs(Args):
     pass
 
@@ -190,8 +232,27 @@ async def _inbox(api: AgentApi, a: AgentArgs) -> dict[str, Any]:
     return {"notices": await api.inbox(a.agent_id)}
 
 
-async def _decisions(api: AgentApi, a: NoArgs) -> dict[str, Any]:
-    return {"decisions": await api.decisions()}
+async def _decisions(api: AgentApi, a: DecisionsArgs) -> dict[str, Any]:
+    return {"decisions": await api.decisions(resolved=a.resolved)}
+
+
+async def _check(api: AgentApi, a: ActionArgs) -> dict[str, Any]:
+    return await api.check_action(a.agent_id, a.action, a.context, wait_s=a.wait_s)
+
+
+async def _verdict(api: AgentApi, a: VerdictArgs) -> dict[str, Any]:
+    return await api.action_verdict(a.decision, wait_s=a.wait_s)
+
+
+async def _answer(api: AgentApi, a: AnswerArgs) -> dict[str, Any]:
+    return await api.answer(
+        a.decision,
+        a.answer,
+        why=a.why,
+        text=a.text,
+        budget=a.budget,
+        idempotency_key=a.idempotency_key,
+    )
 
 
 async def _db_targets(api: AgentApi, a: NoArgs) -> dict[str, Any]:
@@ -292,12 +353,47 @@ TOOLS: tuple[Tool, ...] = (
     Tool(
         "decisions_list",
         "List decisions",
-        "Everything waiting on a person, oldest first: blocked agents with their reason and "
-        "error (resolve one with agent_prompt or agent_stop, or agent_budget for one held on "
-        "its budget) and agents frozen in a database "
-        '(resolve with db_reinstate), as {"decisions": [...]}.',
-        NoArgs,
+        'Everything waiting on a person, oldest first, as {"decisions": [...]}: approvals '
+        "(an agent asked before acting), blocked agents (a failure policy held them), agents "
+        "held on their budget, agents frozen in a database; each with its id, kind, agent, "
+        "reason and the answers it takes (answer with decision_answer). resolved=true lists "
+        "the answered ones with who answered, when and why.",
+        DecisionsArgs,
         _decisions,
+        read_only=True,
+        idempotent=True,
+    ),
+    Tool(
+        "decision_answer",
+        "Answer a decision",
+        "Answer a decision of decisions_list with one of its answers, recorded with the "
+        "caller's name and why. A decision answered already is refused, naming who "
+        "answered. An agent may answer only its descendants' decisions of the kinds its "
+        "spec's mayAnswer lists, never its own.",
+        AnswerArgs,
+        _answer,
+        read_only=False,
+        idempotent=False,
+    ),
+    Tool(
+        "action_check",
+        "Check an action",
+        "Ask before acting: may this agent do this action? Its guardrails answer "
+        '{"verdict": "allowed" | "blocked" | "pending", "reason", "warnings", "decision"}. '
+        "pending means a person was asked: wait with action_verdict and the decision id. "
+        "Act only on allowed.",
+        ActionArgs,
+        _check,
+        read_only=False,
+        idempotent=False,
+    ),
+    Tool(
+        "action_verdict",
+        "Wait for an action's verdict",
+        "The verdict of a check a person was asked about (the decision id action_check "
+        "gave), waiting up to waitS seconds.",
+        VerdictArgs,
+        _verdict,
         read_only=True,
         idempotent=True,
     ),

@@ -19,7 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from corral.daemon._errors import StoreUnavailableError
 from corral.daemon._events import Event, NewEvent
-from corral.daemon._state import ReplayError, State, Tx, replay
+from corral.daemon._state import PROJECTIONS_VERSION, ReplayError, State, Tx, replay
 from corral.daemon.stores._base import refuse_unstorable
 from corral.daemon.stores._sqlite import _dump, _retrieve
 from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError, UsageError
@@ -28,6 +28,10 @@ from corral.kernel import _validate as v
 __all__ = ["PostgresStore", "StoreUnavailableError"]
 
 _Pool = AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]
+
+# The projection tables: rebuilt together from the log when the stored projections were
+# built by another version of the reducer.
+_PROJECTIONS = ("agents", "notices", "decisions", "commands")
 
 # One key for every corral schema: concurrent first opens must not race on CREATE TABLE.
 _SCHEMA_LOCK_KEY = 0x636F7272616C  # "corral"
@@ -44,8 +48,9 @@ class _Statements:
             "events": table("events"),
             "agents": table("agents"),
             "notices": table("notices"),
-            "resolutions": table("resolutions"),
+            "decisions": table("decisions"),
             "commands": table("commands"),
+            "meta": table("meta"),
             "counter": table("event_counter"),
         }
 
@@ -65,11 +70,9 @@ class _Statements:
             q("CREATE INDEX IF NOT EXISTS events_agent ON {events} (agent_id, seq)"),
             q("CREATE TABLE IF NOT EXISTS {agents} (id text PRIMARY KEY, data json NOT NULL)"),
             q("CREATE TABLE IF NOT EXISTS {notices} (id bigint PRIMARY KEY, data json NOT NULL)"),
-            q(
-                "CREATE TABLE IF NOT EXISTS {resolutions} "
-                "(id bigint PRIMARY KEY, data json NOT NULL)"
-            ),
+            q("CREATE TABLE IF NOT EXISTS {decisions} (id text PRIMARY KEY, data json NOT NULL)"),
             q("CREATE TABLE IF NOT EXISTS {commands} (key text PRIMARY KEY, data json NOT NULL)"),
+            q("CREATE TABLE IF NOT EXISTS {meta} (key text PRIMARY KEY, value text NOT NULL)"),
             q(
                 "CREATE TABLE IF NOT EXISTS {counter} (id boolean PRIMARY KEY DEFAULT true "
                 "CHECK (id), last_seq bigint NOT NULL)"
@@ -81,7 +84,13 @@ class _Statements:
         ]
         self.load_agents = q("SELECT data FROM {agents}")
         self.load_notices = q("SELECT id, data FROM {notices}")
-        self.load_resolutions = q("SELECT id, data FROM {resolutions}")
+        self.load_decisions = q("SELECT id, data FROM {decisions}")
+        self.load_version = q("SELECT value FROM {meta} WHERE key = 'projections'")
+        self.set_version = q(
+            "INSERT INTO {meta} (key, value) VALUES ('projections', %s) "
+            "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
+        )
+        self.clear = {key: q(f"DELETE FROM {{{key}}}") for key in _PROJECTIONS}
         self.load_commands = q("SELECT key, data FROM {commands}")
         self.load_counter = q("SELECT last_seq FROM {counter}")
         self.bump = q("UPDATE {counter} SET last_seq = last_seq + %s RETURNING last_seq")
@@ -96,7 +105,7 @@ class _Statements:
             for key, col in (
                 ("agents", "id"),
                 ("notices", "id"),
-                ("resolutions", "id"),
+                ("decisions", "id"),
                 ("commands", "key"),
             )
         }
@@ -172,6 +181,7 @@ class PostgresStore:
                     await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK_KEY,))
                     for statement in self._sql.ddl:
                         await conn.execute(statement)
+                    await self._upgrade(conn)
                 state = await self._load(conn)
             pool: _Pool = AsyncConnectionPool(
                 self.dsn,
@@ -202,13 +212,29 @@ class PostgresStore:
                 state.agents[data["id"]] = data
             for row_id, data in await (await conn.execute(self._sql.load_notices)).fetchall():
                 state.notices[row_id] = data
-            for row_id, data in await (await conn.execute(self._sql.load_resolutions)).fetchall():
-                state.resolutions[row_id] = data
+            for row_id, data in await (await conn.execute(self._sql.load_decisions)).fetchall():
+                state.decisions[row_id] = data
             for key, data in await (await conn.execute(self._sql.load_commands)).fetchall():
                 state.commands[key] = data
             row = await (await conn.execute(self._sql.load_counter)).fetchone()
             state.last_seq = row[0] if row else 0
         return state
+
+    async def _upgrade(self, conn: psycopg.AsyncConnection[TupleRow]) -> None:
+        """Rebuild the projections from the log when another reducer version wrote them
+        (inside the caller's transaction, under the schema lock)."""
+        row = await (await conn.execute(self._sql.load_version)).fetchone()
+        if row is not None and int(row[0]) == PROJECTIONS_VERSION:
+            return
+        cur = await conn.execute(self._sql.read_everything)
+        state = replay(Event(*r) for r in await cur.fetchall())
+        for key in _PROJECTIONS:
+            await conn.execute(self._sql.clear[key])
+        tx = Tx(State())
+        tx.agents, tx.notices = dict(state.agents), dict(state.notices)
+        tx.decisions, tx.commands = dict(state.decisions), dict(state.commands)
+        await self._write(conn, [], tx)
+        await conn.execute(self._sql.set_version, (str(PROJECTIONS_VERSION),))
 
     async def append(self, events: Sequence[NewEvent]) -> list[Event]:
         if not events:
@@ -277,14 +303,15 @@ class PostgresStore:
         self, conn: psycopg.AsyncConnection[TupleRow], events: list[Event], tx: Tx
     ) -> None:
         async with conn.cursor() as cur:
-            await cur.executemany(
-                self._sql.insert_event,
-                [(e.seq, e.ts, e.type, e.agent_id, Json(e.data, dumps=_dump)) for e in events],
-            )
+            if events:
+                await cur.executemany(
+                    self._sql.insert_event,
+                    [(e.seq, e.ts, e.type, e.agent_id, Json(e.data, dumps=_dump)) for e in events],
+                )
             changes: dict[str, dict[Any, Any]] = {
                 "agents": tx.agents,
                 "notices": tx.notices,
-                "resolutions": tx.resolutions,
+                "decisions": tx.decisions,
                 "commands": tx.commands,
             }
             for key, rows in changes.items():

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from corral.daemon._errors import StoreUnavailableError
 from corral.daemon._events import Event, NewEvent
-from corral.daemon._state import State, Tx, replay
+from corral.daemon._state import PROJECTIONS_VERSION, State, Tx, replay
 from corral.daemon.stores._base import refuse_unstorable
 from corral.kernel import SYSTEM_CLOCK, Clock, UsageError
 
@@ -29,9 +29,13 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_agent ON events (agent_id, seq);
 CREATE TABLE IF NOT EXISTS agents (id TEXT PRIMARY KEY, data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS notices (id INTEGER PRIMARY KEY, data TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS resolutions (id INTEGER PRIMARY KEY, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS decisions (id TEXT PRIMARY KEY, data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS commands (key TEXT PRIMARY KEY, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+# The projection tables, with their key column: rebuilt together from the log when the
+# stored projections were built by another version of the reducer.
+_PROJECTIONS = (("agents", "id"), ("notices", "id"), ("decisions", "id"), ("commands", "key"))
 
 
 def _dump(value: Any) -> str:
@@ -82,6 +86,8 @@ class SQLiteStore:
             conn.execute("PRAGMA busy_timeout=5000")
             conn.executescript(_SCHEMA)
             state = self._load(conn)
+            if self._version(conn) != PROJECTIONS_VERSION:
+                state = self._rebuild(conn)
         except BaseException:
             conn.close()
             raise
@@ -93,15 +99,60 @@ class SQLiteStore:
         for (data,) in conn.execute("SELECT data FROM agents"):
             rec = json.loads(data)
             state.agents[rec["id"]] = rec
-        for key, table in (("notices", "notices"), ("resolutions", "resolutions")):
-            target = getattr(state, key)
-            for row_id, data in conn.execute(f"SELECT id, data FROM {table}"):
-                target[row_id] = json.loads(data)
+        for row_id, data in conn.execute("SELECT id, data FROM notices"):
+            state.notices[row_id] = json.loads(data)
+        for row_id, data in conn.execute("SELECT id, data FROM decisions"):
+            state.decisions[row_id] = json.loads(data)
         for key, data in conn.execute("SELECT key, data FROM commands"):
             state.commands[key] = json.loads(data)
         (last,) = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
         state.last_seq = last
         return state
+
+    @staticmethod
+    def _version(conn: sqlite3.Connection) -> int | None:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'projections'").fetchone()
+        return None if row is None else int(row[0])
+
+    def _rebuild(self, conn: sqlite3.Connection) -> State:
+        """Replace the stored projections by what the log builds (one transaction)."""
+        state = replay(self._read_with(conn, 0, None, 2**62))
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for table, _ in _PROJECTIONS:
+                conn.execute(f"DELETE FROM {table}")
+            self._write_projections(conn, state.agents, state.notices, state.decisions)
+            conn.executemany(
+                "INSERT OR REPLACE INTO commands (key, data) VALUES (?, ?)",
+                [(k, _dump(v)) for k, v in state.commands.items()],
+            )
+            conn.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('projections', ?)",
+                (str(PROJECTIONS_VERSION),),
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return state
+
+    @staticmethod
+    def _write_projections(
+        conn: sqlite3.Connection, agents: Any, notices: Any, decisions: Any
+    ) -> None:
+        conn.executemany(
+            "INSERT OR REPLACE INTO agents (id, data) VALUES (?, ?)",
+            [(k, _dump(v)) for k, v in agents.items()],
+        )
+        conn.executemany(
+            "INSERT OR REPLACE INTO notices (id, data) VALUES (?, ?)",
+            [(k, _dump(v)) for k, v in notices.items()],
+        )
+        conn.executemany(
+            "INSERT OR REPLACE INTO decisions (id, data) VALUES (?, ?)",
+            [(k, _dump(v)) for k, v in decisions.items()],
+        )
 
     async def append(self, events: Sequence[NewEvent]) -> list[Event]:
         if not events:
@@ -139,18 +190,7 @@ class SQLiteStore:
                 "INSERT INTO events (seq, ts, type, agent_id, data) VALUES (?, ?, ?, ?, ?)",
                 [(e.seq, e.ts, e.type, e.agent_id, _dump(e.data)) for e in events],
             )
-            conn.executemany(
-                "INSERT OR REPLACE INTO agents (id, data) VALUES (?, ?)",
-                [(k, _dump(v)) for k, v in tx.agents.items()],
-            )
-            conn.executemany(
-                "INSERT OR REPLACE INTO notices (id, data) VALUES (?, ?)",
-                [(k, _dump(v)) for k, v in tx.notices.items()],
-            )
-            conn.executemany(
-                "INSERT OR REPLACE INTO resolutions (id, data) VALUES (?, ?)",
-                [(k, _dump(v)) for k, v in tx.resolutions.items()],
-            )
+            self._write_projections(conn, tx.agents, tx.notices, tx.decisions)
             conn.executemany(
                 "INSERT OR REPLACE INTO commands (key, data) VALUES (?, ?)",
                 [(k, _dump(v)) for k, v in tx.commands.items()],
@@ -168,7 +208,12 @@ class SQLiteStore:
         return result
 
     def _read(self, after: int, agent_id: str | None, limit: int) -> list[Event]:
-        conn = self._require()
+        return self._read_with(self._require(), after, agent_id, limit)
+
+    @staticmethod
+    def _read_with(
+        conn: sqlite3.Connection, after: int, agent_id: str | None, limit: int
+    ) -> list[Event]:
         if agent_id is None:
             rows = conn.execute(
                 "SELECT seq, ts, type, agent_id, data FROM events WHERE seq > ? "

@@ -1,0 +1,146 @@
+"""Asking before acting: what an action check takes, what it answers, and when an approval
+is allowed. Pure functions; the service runs the rules and keeps the decisions."""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from corral.daemon._errors import InvalidRequestError
+from corral.daemon._records import DecisionRecord
+from corral.daemon._text import json_problems, text_problem
+from corral.guard import GuardrailResult
+
+MAX_ACTION_CHARS = 16_384
+"""The longest action text a check takes (characters)."""
+MAX_CONTEXT_BYTES = 16_384
+"""The largest context a check takes, as compact JSON (bytes)."""
+MAX_WAIT_S = 300.0
+"""The longest one request waits for a person (``waitS``); wait again for longer."""
+
+Json = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """An action check's answer, shaped like ``corral.kernel.ActionVerdict`` (``allowed``,
+    ``reason``) so a harness's ``ToolGuard`` takes it as it is."""
+
+    verdict: str  # allowed | blocked | pending
+    reason: str | None
+    warnings: tuple[dict[str, str], ...] = ()
+    decision: str | None = None
+
+    @property
+    def allowed(self) -> bool:
+        return self.verdict == "allowed"
+
+    def to_json(self) -> Json:
+        return {
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "warnings": [dict(w) for w in self.warnings],
+            "decision": self.decision,
+        }
+
+
+def new_check_id() -> str:
+    return "c_" + secrets.token_hex(6)
+
+
+def check_input(action: Any, context: Any, wait_s: Any) -> dict[str, Any]:
+    """Refuse (``InvalidRequestError``, every problem) an action that is not a non-empty
+    string of at most :data:`MAX_ACTION_CHARS` characters, a context that is not a JSON
+    object of at most :data:`MAX_CONTEXT_BYTES` bytes, or a wait that is not a number from 0
+    to :data:`MAX_WAIT_S` (or infinity, for callers inside the daemon). Answers the context
+    (an empty dict for None)."""
+    problems: list[dict[str, Any]] = []
+    if not isinstance(action, str) or not action.strip():
+        problems.append({"field": "action", "message": "must be a non-empty string"})
+    elif len(action) > MAX_ACTION_CHARS:
+        problems.append(
+            {
+                "field": "action",
+                "message": f"at most {MAX_ACTION_CHARS} characters, got {len(action)}",
+            }
+        )
+    else:
+        message = text_problem(action)
+        if message is not None:
+            problems.append({"field": "action", "message": message})
+    if context is None:
+        context = {}
+    if not isinstance(context, dict):
+        problems.append({"field": "context", "message": "must be a JSON object"})
+    else:
+        try:
+            size = len(json.dumps(context, separators=(",", ":"), allow_nan=False).encode())
+        except (TypeError, ValueError) as exc:
+            problems.append({"field": "context", "message": f"must be plain JSON ({exc})"})
+        else:
+            if size > MAX_CONTEXT_BYTES:
+                problems.append(
+                    {
+                        "field": "context",
+                        "message": f"at most {MAX_CONTEXT_BYTES} bytes as JSON, got {size}",
+                    }
+                )
+            problems += json_problems(context, "context", identifiers=())
+    if (
+        isinstance(wait_s, bool)
+        or not isinstance(wait_s, int | float)
+        or math.isnan(wait_s)
+        or wait_s < 0
+        or (wait_s > MAX_WAIT_S and not math.isinf(wait_s))
+    ):
+        problems.append(
+            {"field": "waitS", "message": f"a number of seconds from 0 to {MAX_WAIT_S:g}"}
+        )
+    if problems:
+        raise InvalidRequestError(problems, "action check")
+    return dict(context)
+
+
+def verdict_of(result: GuardrailResult, decision: str | None) -> Verdict:
+    """The rules' result as a check's answer."""
+    warnings = tuple({"rule": w.guardrail, "reason": w.reason} for w in result.warnings)
+    return Verdict("allowed" if result.allowed else "blocked", result.reason, warnings, decision)
+
+
+def pending(decision: DecisionRecord) -> Verdict:
+    return Verdict("pending", decision.get("reason"), (), decision["id"])
+
+
+def allowed(decision: DecisionRecord) -> bool:
+    """Whether an answered approval lets the action go on: approved, or timed out with
+    ``onTimeout`` allow."""
+    return decision.get("answer") == "approve"
+
+
+def timeout_answer(decision: DecisionRecord) -> str:
+    """The answer a deadline gives: ``approve`` with ``onTimeout`` allow, else ``deny``."""
+    return "approve" if decision.get("onTimeout") == "allow" else "deny"
+
+
+def denial_reason(decision: DecisionRecord) -> str:
+    """Why an answered approval blocks the action, for the agent to read."""
+    if decision.get("timedOut"):
+        deadline = decision.get("deadline")
+        return f"nobody answered approval {decision['id']} before its deadline ({deadline})"
+    if decision.get("answer") == "withdrawn":
+        return f"approval {decision['id']} was withdrawn: {decision.get('why')}"
+    who = decision.get("by") or "a person"
+    why = decision.get("why")
+    return f"denied by {who}" + (f": {why}" if why else "")
+
+
+def deadline(now: datetime, timeout_s: float) -> str:
+    return (now + timedelta(seconds=timeout_s)).isoformat()
+
+
+def seconds_until(now: datetime, when: str) -> float:
+    return (datetime.fromisoformat(when) - now).total_seconds()

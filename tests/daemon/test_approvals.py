@@ -1,0 +1,343 @@
+"""Agents ask before they act: guardrails in specs and the daemon's, approvals a person
+answers (or a deadline does), one decisions inbox, and who may answer what."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from corral.daemon import AgentService, LocalApi, SQLiteStore, TurnRequest, TurnResult
+from corral.daemon._errors import (
+    AnswerNotAcceptedError,
+    DecisionAnsweredError,
+    DecisionNotFoundError,
+    InvalidRequestError,
+    OutOfScopeError,
+)
+from corral.daemon.guardrails import parse_rules
+from corral.runtime import FakeClock
+from tests.daemon.conftest import MakeService, OpenSQLite
+from tests.support.harness import ScriptedHarness, fail
+from tests.support.polling import settle
+
+DEPLOY_ASKS = [
+    {"match": "deploy", "verdict": "ask", "reason": "deploys need a person", "timeoutS": 600},
+    {"match": "drop table", "verdict": "block", "reason": "no schema changes"},
+    {"match": "migrate", "verdict": "warn", "reason": "watch the lock time"},
+]
+
+
+class AskingHarness:
+    """Each turn asks the daemon whether it may do its prompt, then says what it was told."""
+
+    def __init__(self) -> None:
+        self.requests: list[TurnRequest] = []
+        self.paused: list[float] = []
+
+    async def run_turn(self, request: TurnRequest) -> TurnResult:
+        self.requests.append(request)
+        assert request.check_action is not None
+        verdict: Any = await cast(
+            Any, request.check_action(request.agent_id, request.prompt, {"n": 1})
+        )
+        if request.paused_s is not None:
+            self.paused.append(request.paused_s())
+        word = "allowed" if verdict.allowed else "blocked"
+        return TurnResult(output=f"{word}: {verdict.reason}")
+
+    async def reap(self, agent_id: str, state_dir: Path) -> bool:
+        return False
+
+
+async def _agent(service: AgentService, **spec: Any) -> str:
+    spec.setdefault("name", "worker")
+    spec.setdefault("harness", "command")
+    spec.setdefault("command", ["worker"])
+    return str((await service.spawn(spec)).body["id"])
+
+
+# --- rules --------------------------------------------------------------------------------
+
+
+async def test_a_block_rule_blocks_and_a_warning_is_kept(service: AgentService) -> None:
+    agent = await _agent(service, guardrails=DEPLOY_ASKS)
+    blocked = await service.check_action(agent, "DROP TABLE users")
+    assert (blocked.verdict, blocked.reason, blocked.decision) == (
+        "blocked",
+        "no schema changes",
+        None,
+    )
+    warned = await service.check_action(agent, "migrate the users table")
+    assert warned.verdict == "allowed"
+    assert [w["reason"] for w in warned.warnings] == ["watch the lock time"]
+    assert service.decisions() == []  # nothing asked a person
+
+
+async def test_no_rules_allow_everything(service: AgentService) -> None:
+    agent = await _agent(service)
+    assert (await service.check_action(agent, "deploy everything")).verdict == "allowed"
+
+
+async def test_daemon_rules_come_first_and_children_inherit(
+    make_service: MakeService, sqlite_store: SQLiteStore
+) -> None:
+    org = parse_rules([{"match": "prod", "verdict": "block", "reason": "org: no prod"}])
+    service = await make_service(sqlite_store, guardrails=org)
+    parent = await _agent(
+        service, name="lead", guardrails=[{"match": "delete", "verdict": "block"}]
+    )
+    child = await _agent(
+        service,
+        name="child",
+        parent=parent,
+        # The child's own allow cannot reach past the daemon's and its parent's rules.
+        guardrails=[{"match": "prod", "verdict": "allow"}, {"match": "rm", "verdict": "block"}],
+    )
+    assert (await service.check_action(child, "deploy prod")).reason == "org: no prod"
+    assert (await service.check_action(child, "delete logs")).verdict == "blocked"
+    assert (await service.check_action(child, "rm -rf /tmp/x")).verdict == "blocked"
+    assert (await service.check_action(parent, "rm -rf /tmp/x")).verdict == "allowed"
+
+
+async def test_bad_checks_are_refused_with_every_problem(service: AgentService) -> None:
+    agent = await _agent(service)
+    with pytest.raises(InvalidRequestError) as caught:
+        await service.check_action(agent, "", cast(Any, ["not", "an", "object"]), wait_s=-1)
+    fields = {p["field"] for p in caught.value.problems}
+    assert fields == {"action", "context", "waitS"}
+    with pytest.raises(InvalidRequestError, match="at most 16384 characters, got 16385"):
+        await service.check_action(agent, "x" * 16_385)
+    with pytest.raises(InvalidRequestError, match="context"):
+        await service.check_action(agent, "ok", {"blob": "y" * 20_000})
+
+
+# --- approvals ----------------------------------------------------------------------------
+
+
+async def test_an_approval_waits_for_a_person_and_is_recorded_with_who(
+    service: AgentService,
+) -> None:
+    agent = await _agent(service, guardrails=DEPLOY_ASKS)
+    pending = await service.check_action(agent, "deploy web to prod", {"version": "2.4"})
+    assert pending.verdict == "pending"
+    (decision,) = service.decisions()
+    assert decision["id"] == pending.decision
+    assert decision["kind"] == "approval"
+    assert decision["action"] == "deploy web to prod"
+    assert decision["context"] == {"version": "2.4"}
+    assert decision["reason"] == "deploys need a person"
+    assert decision["answers"] == ["approve", "deny"]
+    assert decision["deadline"] is not None
+    assert decision["onTimeout"] == "deny"
+
+    waiter = asyncio.ensure_future(service.action_verdict(decision["id"], wait_s=math.inf))
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    await service.answer(decision["id"], "approve", by="alice", why="release checked")
+    verdict = await asyncio.wait_for(waiter, 5)
+    assert (verdict.verdict, verdict.decision) == ("allowed", decision["id"])
+    assert service.decisions() == []
+    (answered,) = service.decisions(resolved=True)
+    assert answered["answer"] == "approve"
+    assert (answered["by"], answered["why"], answered["timedOut"]) == (
+        "alice",
+        "release checked",
+        False,
+    )
+    # Asking the same check again answers from the record: nobody is asked twice.
+    again = await service.action_verdict(decision["id"])
+    assert again.verdict == "allowed"
+    assert len(service.decisions(resolved=True)) == 1
+
+
+async def test_a_denial_blocks_with_the_persons_reason(service: AgentService) -> None:
+    agent = await _agent(service, guardrails=DEPLOY_ASKS)
+    pending = await service.check_action(agent, "deploy web to prod")
+    assert pending.decision is not None
+    await service.answer(pending.decision, "deny", by="bob", why="freeze week")
+    verdict = await service.action_verdict(pending.decision)
+    assert verdict.verdict == "blocked"
+    assert verdict.reason == "denied by bob: freeze week"
+
+
+async def test_an_answered_decision_refuses_a_second_answer_naming_who(
+    service: AgentService,
+) -> None:
+    agent = await _agent(service, guardrails=DEPLOY_ASKS)
+    pending = await service.check_action(agent, "deploy")
+    assert pending.decision is not None
+    with pytest.raises(AnswerNotAcceptedError, match=r"\['approve', 'deny'\]"):
+        await service.answer(pending.decision, "retry", by="alice")
+    await service.answer(pending.decision, "approve", by="alice", why="ok")
+    with pytest.raises(DecisionAnsweredError, match="by alice") as caught:
+        await service.answer(pending.decision, "deny", by="bob", why="too late")
+    assert caught.value.details["answer"] == "approve"
+    with pytest.raises(DecisionNotFoundError):
+        await service.answer("d_nope", "approve", by="alice")
+
+
+async def test_a_deadline_answers_with_on_timeout(
+    make_service: MakeService, sqlite_store: SQLiteStore
+) -> None:
+    clock = FakeClock()
+    service = await make_service(sqlite_store, clock=clock)
+    rules = [
+        {"match": "deploy", "verdict": "ask", "timeoutS": 60},
+        {"match": "restart", "verdict": "ask", "timeoutS": 60, "onTimeout": "allow"},
+    ]
+    agent = await _agent(service, guardrails=rules)
+    denied = await service.check_action(agent, "deploy")
+    allowed = await service.check_action(agent, "restart web")
+    assert denied.decision is not None
+    assert allowed.decision is not None
+    clock.advance(59)
+    await settle(lambda: True)
+    assert len(service.decisions()) == 2
+    clock.advance(2)
+    await settle(lambda: not service.decisions())
+    by_id = {d["id"]: d for d in service.decisions(resolved=True)}
+    assert by_id[denied.decision]["timedOut"] is True
+    assert by_id[denied.decision]["by"] == "corral"
+    assert (await service.action_verdict(denied.decision)).verdict == "blocked"
+    assert "before its deadline" in str((await service.action_verdict(denied.decision)).reason)
+    assert (await service.action_verdict(allowed.decision)).verdict == "allowed"
+
+
+async def test_a_turn_waits_on_a_person_and_goes_on_when_answered(
+    make_service: MakeService, sqlite_store: SQLiteStore
+) -> None:
+    asking = AskingHarness()
+    service = await make_service(sqlite_store, harness=asking)
+    agent = await _agent(service, guardrails=DEPLOY_ASKS, prompt="deploy web to prod")
+    await settle(lambda: service.get(agent)["state"] == "waiting")
+    (decision,) = service.decisions()
+    assert service.get(agent)["decision"] == decision["id"]
+    await service.answer(decision["id"], "approve", by="alice", why="go")
+    await service.settled(agent)
+    rec = service.get(agent)
+    assert (rec["state"], rec["lastOutput"]) == ("idle", "allowed: None")
+    assert "decision" not in rec
+    assert asking.paused
+    assert asking.paused[0] >= 0.0
+    types = [e.type for e in await service.events(agent_id=agent)]
+    assert "decision.requested" in types
+    assert "decision.resolved" in types
+
+
+async def test_stopping_a_waiting_agent_withdraws_its_approval(
+    make_service: MakeService, sqlite_store: SQLiteStore
+) -> None:
+    service = await make_service(sqlite_store, harness=AskingHarness())
+    agent = await _agent(service, guardrails=DEPLOY_ASKS, prompt="deploy")
+    await settle(lambda: service.get(agent)["state"] == "waiting")
+    await service.stop(agent, by="alice", why="not today")
+    (withdrawn,) = service.decisions(resolved=True)
+    assert withdrawn["answer"] == "withdrawn"
+    assert service.decisions() == []
+
+
+async def test_a_pending_approval_survives_a_restart_and_a_passed_deadline_is_applied(
+    make_service: MakeService, open_sqlite: OpenSQLite, tmp_path: Path
+) -> None:
+    clock = FakeClock()
+    store = await open_sqlite()
+    first = await make_service(store, clock=clock)
+    agent = await _agent(first, guardrails=[{"match": "deploy", "verdict": "ask", "timeoutS": 60}])
+    pending = await first.check_action(agent, "deploy")
+    await first.close()
+    await store.close()
+
+    store = await open_sqlite()
+    second = await make_service(store, clock=clock)
+    (still,) = second.decisions()
+    assert still["id"] == pending.decision
+    assert still["state"] == "pending"
+    await second.close()
+    await store.close()
+
+    clock.advance(120)  # the deadline passes while no daemon runs
+    store = await open_sqlite()
+    third = await make_service(store, clock=clock)
+    assert third.decisions() == []
+    (timed_out,) = third.decisions(resolved=True)
+    assert (timed_out["answer"], timed_out["timedOut"]) == ("deny", True)
+    assert (await store.replay()).snapshot() == store.state.snapshot()
+
+
+# --- the other kinds of decision ----------------------------------------------------------
+
+
+async def test_a_blocked_agent_is_a_decision_answered_by_retry_or_by_prompt(
+    service: AgentService, harness: ScriptedHarness
+) -> None:
+    harness.script("worker", fail("no table users"), "done")
+    agent = await _agent(service, onFailure="ask", prompt="migrate")
+    await settle(lambda: service.get(agent)["state"] == "blocked")
+    (decision,) = service.decisions()
+    assert (decision["kind"], decision["answers"]) == ("blocked", ["retry", "stop"])
+    assert decision["error"] == "no table users"
+    assert service.get(agent)["decision"] == decision["id"]
+    result = await service.answer(
+        decision["id"], "retry", by="alice", why="table is users_v2", text="use users_v2"
+    )
+    assert result.body == {"decision": decision["id"], "answer": "retry", "agentId": agent}
+    await service.settled(agent)
+    assert harness.prompts(agent)[-1] == "use users_v2"
+    (answered,) = service.decisions(resolved=True)
+    assert (answered["answer"], answered["by"]) == ("retry", "alice")
+    # The prompt route answers the same decision.
+    harness.script("worker", fail("again"))
+    await service.prompt(agent, "once more")
+    await settle(lambda: service.get(agent)["state"] == "blocked")
+    second = service.decisions()[0]["id"]
+    await service.prompt(agent, "fixed", by="carol", why="done right")
+    assert service.decision(second)["answer"] == "retry"
+    assert service.decision(second)["by"] == "carol"
+
+
+async def test_a_budget_hold_is_answered_with_a_budget(
+    service: AgentService, harness: ScriptedHarness
+) -> None:
+    agent = await _agent(service, budget={"maxTurns": 1}, prompt="one")
+    await service.settled(agent)
+    with pytest.raises(Exception, match="budget"):
+        await service.prompt(agent, "two")
+    (decision,) = service.decisions()
+    assert decision["kind"] == "budget_exhausted"
+    assert decision["answers"] == ["budget", "stop"]
+    await service.answer(
+        decision["id"], "budget", by="alice", why="one more", budget={"maxTurns": 2}
+    )
+    assert service.get(agent)["state"] == "idle"
+    assert service.decision(decision["id"])["answer"] == "budget"
+
+
+# --- who may answer -----------------------------------------------------------------------
+
+
+async def test_an_agent_never_answers_its_own_decision_and_a_parent_only_when_allowed(
+    service: AgentService,
+) -> None:
+    api = LocalApi(service)
+    lead = await _agent(service, name="lead", mayAnswer=["approval"])
+    plain = await _agent(service, name="plain")
+    worker = await _agent(service, name="w", parent=lead, guardrails=DEPLOY_ASKS)
+    other = await _agent(service, name="o", parent=plain, guardrails=DEPLOY_ASKS)
+    asked = await api.as_agent(worker).check_action(worker, "deploy")
+    with pytest.raises(OutOfScopeError, match="its own decision"):
+        await api.as_agent(worker).answer(asked["decision"], "approve")
+    with pytest.raises(OutOfScopeError):
+        await api.as_agent(worker).check_action(lead, "deploy")  # as another agent
+    answered = await api.as_agent(lead).answer(asked["decision"], "approve", why="ok")
+    assert answered["answer"] == "approve"
+    assert service.decision(asked["decision"])["by"] == lead
+    theirs = await api.as_agent(other).check_action(other, "deploy")
+    with pytest.raises(OutOfScopeError, match="mayAnswer"):
+        await api.as_agent(plain).answer(theirs["decision"], "approve")
+    with pytest.raises(DecisionNotFoundError):  # beyond its reach: not even seen
+        await api.as_agent(lead).answer(theirs["decision"], "approve")
+    assert [d["id"] for d in await api.as_agent(plain).decisions()] == [theirs["decision"]]
