@@ -19,10 +19,19 @@ from corral.daemon._events import (
     Event,
     NewEvent,
     StateChangedData,
+    TokenCreatedData,
+    TokenRevokedData,
     TurnEndedData,
     TurnStartedData,
 )
-from corral.daemon._records import AgentRecord, CommandRecord, Notice, Resolution, TurnUsage
+from corral.daemon._records import (
+    AgentRecord,
+    CommandRecord,
+    Notice,
+    Resolution,
+    TokenRecord,
+    TurnUsage,
+)
 
 LIVE_STATES = frozenset({"running", "idle", "blocked"})
 ENDED_STATES = frozenset({"failed", "stopped"})
@@ -36,6 +45,7 @@ class State:
     notices: dict[int, Notice] = field(default_factory=dict)
     resolutions: dict[int, Resolution] = field(default_factory=dict)
     commands: dict[str, CommandRecord] = field(default_factory=dict)
+    tokens: dict[str, TokenRecord] = field(default_factory=dict)
     last_seq: int = 0
 
     def snapshot(self) -> dict[str, Any]:
@@ -45,6 +55,7 @@ class State:
             "notices": {str(k): v for k, v in self.notices.items()},
             "resolutions": {str(k): v for k, v in self.resolutions.items()},
             "commands": self.commands,
+            "tokens": self.tokens,
             "last_seq": self.last_seq,
         }
         loaded: dict[str, Any] = json.loads(json.dumps(data, sort_keys=True))
@@ -68,6 +79,7 @@ class Tx:
         self.notices: dict[int, Notice] = {}
         self.resolutions: dict[int, Resolution] = {}
         self.commands: dict[str, CommandRecord] = {}
+        self.tokens: dict[str, TokenRecord] = {}
         self.last_seq = state.last_seq
 
     def agent(self, agent_id: str) -> AgentRecord:
@@ -106,6 +118,7 @@ class Tx:
         self.state.notices.update(self.notices)
         self.state.resolutions.update(self.resolutions)
         self.state.commands.update(self.commands)
+        self.state.tokens.update(self.tokens)
         self.state.last_seq = self.last_seq
 
 
@@ -268,6 +281,26 @@ def _command(tx: Tx, event: Event) -> None:
     }
 
 
+def _token_created(tx: Tx, event: Event) -> None:
+    data = cast(TokenCreatedData, event.data)
+    tx.tokens[data["name"]] = {
+        "name": data["name"],
+        "sha256": data["sha256"],
+        "by": data["by"],
+        "createdAt": event.ts,
+        "revokedAt": None,
+        "revokedBy": None,
+    }
+
+
+def _token_revoked(tx: Tx, event: Event) -> None:
+    data = cast(TokenRevokedData, event.data)
+    base = tx.tokens.get(data["name"]) or tx.state.tokens.get(data["name"])
+    if base is None:
+        raise ReplayError(f"token.revoked at seq {event.seq} names no token: {data['name']!r}")
+    tx.tokens[data["name"]] = {**base, "revokedAt": event.ts, "revokedBy": data["by"]}
+
+
 _HANDLERS: dict[str, Callable[[Tx, Event], None]] = {
     ev.AGENT_CREATED: _created,
     ev.TURN_STARTED: _turn_started,
@@ -283,5 +316,7 @@ _HANDLERS: dict[str, Callable[[Tx, Event], None]] = {
     ev.DECISION_RESOLVED: _resolved,
     ev.COMMAND_RECORDED: _command,
     ev.GATEWAY_FROZEN: _no_projection,
+    ev.TOKEN_CREATED: _token_created,
+    ev.TOKEN_REVOKED: _token_revoked,
 }
 assert set(_HANDLERS) == ev.EVENT_TYPES

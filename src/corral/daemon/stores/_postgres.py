@@ -46,6 +46,7 @@ class _Statements:
             "notices": table("notices"),
             "resolutions": table("resolutions"),
             "commands": table("commands"),
+            "tokens": table("tokens"),
             "counter": table("event_counter"),
         }
 
@@ -70,6 +71,7 @@ class _Statements:
                 "(id bigint PRIMARY KEY, data json NOT NULL)"
             ),
             q("CREATE TABLE IF NOT EXISTS {commands} (key text PRIMARY KEY, data json NOT NULL)"),
+            q("CREATE TABLE IF NOT EXISTS {tokens} (name text PRIMARY KEY, data json NOT NULL)"),
             q(
                 "CREATE TABLE IF NOT EXISTS {counter} (id boolean PRIMARY KEY DEFAULT true "
                 "CHECK (id), last_seq bigint NOT NULL)"
@@ -83,6 +85,7 @@ class _Statements:
         self.load_notices = q("SELECT id, data FROM {notices}")
         self.load_resolutions = q("SELECT id, data FROM {resolutions}")
         self.load_commands = q("SELECT key, data FROM {commands}")
+        self.load_tokens = q("SELECT name, data FROM {tokens}")
         self.load_counter = q("SELECT last_seq FROM {counter}")
         self.bump = q("UPDATE {counter} SET last_seq = last_seq + %s RETURNING last_seq")
         self.insert_event = q(
@@ -98,6 +101,7 @@ class _Statements:
                 ("notices", "id"),
                 ("resolutions", "id"),
                 ("commands", "key"),
+                ("tokens", "name"),
             )
         }
         cols = "SELECT seq, ts, type, agent_id, data FROM {events}"
@@ -206,6 +210,8 @@ class PostgresStore:
                 state.resolutions[row_id] = data
             for key, data in await (await conn.execute(self._sql.load_commands)).fetchall():
                 state.commands[key] = data
+            for name, data in await (await conn.execute(self._sql.load_tokens)).fetchall():
+                state.tokens[name] = data
             row = await (await conn.execute(self._sql.load_counter)).fetchone()
             state.last_seq = row[0] if row else 0
         return state
@@ -286,6 +292,7 @@ class PostgresStore:
                 "notices": tx.notices,
                 "resolutions": tx.resolutions,
                 "commands": tx.commands,
+                "tokens": tx.tokens,
             }
             for key, rows in changes.items():
                 if rows:

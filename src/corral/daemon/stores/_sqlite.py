@@ -31,6 +31,7 @@ CREATE TABLE IF NOT EXISTS agents (id TEXT PRIMARY KEY, data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS notices (id INTEGER PRIMARY KEY, data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS resolutions (id INTEGER PRIMARY KEY, data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS commands (key TEXT PRIMARY KEY, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS tokens (name TEXT PRIMARY KEY, data TEXT NOT NULL);
 """
 
 
@@ -99,6 +100,8 @@ class SQLiteStore:
                 target[row_id] = json.loads(data)
         for key, data in conn.execute("SELECT key, data FROM commands"):
             state.commands[key] = json.loads(data)
+        for name, data in conn.execute("SELECT name, data FROM tokens"):
+            state.tokens[name] = json.loads(data)
         (last,) = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
         state.last_seq = last
         return state
@@ -154,6 +157,10 @@ class SQLiteStore:
             conn.executemany(
                 "INSERT OR REPLACE INTO commands (key, data) VALUES (?, ?)",
                 [(k, _dump(v)) for k, v in tx.commands.items()],
+            )
+            conn.executemany(
+                "INSERT OR REPLACE INTO tokens (name, data) VALUES (?, ?)",
+                [(k, _dump(v)) for k, v in tx.tokens.items()],
             )
             conn.execute("COMMIT")
         except BaseException:
