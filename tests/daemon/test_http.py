@@ -683,6 +683,8 @@ async def test_openapi_lists_the_paths_and_describes_the_bodies(front: FrontDoor
         "/agents/{agent_id}/inbox",
         "/decisions",
         "/events",
+        "/tokens",
+        "/tokens/{name}",
         "/gateway",
         "/gateway/query",
         "/gateway/{target}/schema",

@@ -231,7 +231,7 @@ async def _run(
     # An agent's token reaches through a tool what it reaches over HTTP: both call the
     # scoped API.
     api = LocalApi(service, databases)
-    mcp = mcp_asgi_app(api, host=config.host, scoped=api.as_agent)
+    mcp = mcp_asgi_app(api, host=config.host, scoped=api.as_caller)
     app.router.routes.append(Route("/mcp", endpoint=mcp.app))
     try:
         async with mcp.lifespan():
