@@ -265,7 +265,7 @@ class TokenExistsError(DaemonError):
         if created_at is None:
             said = f"{name!r} is the name of the daemon's own token; choose another name"
         else:
-            same = "" if live == name else f" ({live!r} differs only in case)"
+            same = "" if live == name else f", and {name!r} differs from it only in case"
             said = (
                 f"a token named {live!r} is live since {created_at}{same}; revoke it first "
                 f"(corral token revoke {live}) or choose another name"

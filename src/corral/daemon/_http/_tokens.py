@@ -15,6 +15,7 @@ from corral.daemon._http._common import (
     body_route,
     errors,
 )
+from corral.daemon._tokens import MAX_NAME
 
 
 class TokenBody(RequestBody):
@@ -24,7 +25,11 @@ class TokenBody(RequestBody):
     what = "token body"
     required = True
 
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z][A-Za-z0-9_.@-]*$")
+    # Checked by the service (one message for every way a name is wrong); described here.
+    name: str = Field(
+        min_length=1,
+        json_schema_extra={"maxLength": MAX_NAME, "pattern": r"^[A-Za-z][A-Za-z0-9_.@-]*$"},
+    )
 
 
 async def create_token(request: Request) -> JSONResponse:
