@@ -26,7 +26,7 @@ from corral.daemon import (
     RemoteError,
 )
 from corral.kernel import InvalidArgumentError
-from tests.support.front_door import FrontDoor, free_port, running_daemon
+from tests.support.front_door import FrontDoor, free_port, running_daemon, serve_env
 from tests.support.harness import fail
 from tests.support.polling import settle
 
@@ -40,6 +40,14 @@ async def corral(*args: str, env: dict[str, str | None] | None = None) -> Result
     base: dict[str, str | None] = {"CORRAL_URL": None, "CORRAL_TOKEN": None, "COLUMNS": "200"}
     invoke = functools.partial(runner.invoke, APP, list(args), env={**base, **(env or {})})
     return await asyncio.to_thread(invoke)
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the command line looks for a local daemon's token file: this test's own
+    ``home`` (the ``--home`` of the daemons it starts), never the working directory's."""
+    monkeypatch.setenv("CORRAL_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
 
 
 @pytest.fixture
@@ -425,7 +433,7 @@ async def test_serve_runs_the_daemon_until_sigterm(tmp_path: Path) -> None:
         str(tmp_path / "home"),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "CORRAL_TOKEN": ""},
+        env=serve_env(),
     )
     try:
         assert proc.stdout is not None
@@ -433,6 +441,8 @@ async def test_serve_runs_the_daemon_until_sigterm(tmp_path: Path) -> None:
         found = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
         assert found, line
         url = found.group(1)
+        # No token given: the daemon made one in its home, where the command line finds it.
+        assert f"bearer token in {tmp_path / 'home' / 'token'}" in line
         upper = [sys.executable, "-c", "import sys; print(sys.stdin.read().upper())"]
         spec = spec_file(tmp_path, command=upper, prompt="hello")
         agent_id = ok(await corral("--url", url, "spawn", spec)).split()[0]

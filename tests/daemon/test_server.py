@@ -28,7 +28,7 @@ from corral.daemon import (
 from corral.daemon._server import ListenError, TokenRequiredError
 from corral.kernel import InvalidArgumentError
 from corral.runtime import FakeClock
-from tests.support.front_door import BOUND_S, running_serve
+from tests.support.front_door import BOUND_S, bearer, running_serve
 from tests.support.harness import ScriptedHarness
 from tests.support.polling import settle
 
@@ -492,7 +492,8 @@ async def test_sigterm_shuts_down_cleanly_and_returns(tmp_path: Path) -> None:
             line = (await process.stdout.readline()).decode()
         assert line.startswith("corral: listening on http://127.0.0.1:"), line
         url = line.split()[3]
-        async with httpx.AsyncClient(base_url=url) as client:
+        headers = bearer(tmp_path / "home")  # the token it made, as no token was given
+        async with httpx.AsyncClient(base_url=url, headers=headers) as client:
             assert (await client.post("/agents", json=WORKER)).status_code == 201
         process.send_signal(signal.SIGTERM)
         async with asyncio.timeout(BOUND_S):
