@@ -19,9 +19,9 @@ import pytest
 from tests.gateway.corpus import SHOP_ROWS, shop_sqlite_file
 from tests.gateway.gateway_support import separated_roles, shop_dsn
 from tests.support.front_door import bearer, serve_env
-from tests.test_cli import _home, corral, ok, refused
+from tests.test_cli import cli_home, corral, ok, refused
 
-__all__ = ["_home", "shop_dsn"]  # fixtures: the command line finds the token of --home
+__all__ = ["cli_home", "shop_dsn"]  # fixtures: the command line finds the token of --home
 
 pytestmark = pytest.mark.postgres
 
