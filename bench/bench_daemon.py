@@ -24,7 +24,15 @@ from pathlib import Path
 import httpx
 
 from bench._harness import row
-from corral.daemon import AgentService, PythonHarness, ServeConfig, open_store, serve
+from corral.daemon import (
+    AgentService,
+    PythonHarness,
+    ServeConfig,
+    open_store,
+    read_token_file,
+    serve,
+    token_path,
+)
 
 AGENTS = 100
 SECONDS = 5.0
@@ -132,7 +140,10 @@ async def sse_latency(url: str, home: Path) -> list[float]:
     latencies: list[float] = []
     try:
         base = await asyncio.wait_for(bound, 30)
-        async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        # The token serve made in its home (none was given); every request carries it.
+        token = config.token or read_token_file(token_path(home))
+        headers = {"Authorization": f"Bearer {token}"}
+        async with httpx.AsyncClient(base_url=base, headers=headers, timeout=30) as client:
             ids = []
             for i in range(SSE_AGENTS):
                 ids.append(

@@ -12,7 +12,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from typer.testing import CliRunner, Result
@@ -25,8 +25,9 @@ from corral.daemon import (
     InvalidSpecError,
     RemoteError,
 )
+from corral.daemon._token_file import ensure_token_file
 from corral.kernel import InvalidArgumentError
-from tests.support.front_door import FrontDoor, free_port, running_daemon
+from tests.support.front_door import FrontDoor, free_port, running_daemon, serve_env
 from tests.support.harness import fail
 from tests.support.polling import settle
 
@@ -40,6 +41,14 @@ async def corral(*args: str, env: dict[str, str | None] | None = None) -> Result
     base: dict[str, str | None] = {"CORRAL_URL": None, "CORRAL_TOKEN": None, "COLUMNS": "200"}
     invoke = functools.partial(runner.invoke, APP, list(args), env={**base, **(env or {})})
     return await asyncio.to_thread(invoke)
+
+
+@pytest.fixture(autouse=True)
+def cli_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the command line looks for a local daemon's token file: this test's own
+    ``home`` (the ``--home`` of the daemons it starts), never the working directory's."""
+    monkeypatch.setenv("CORRAL_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
 
 
 @pytest.fixture
@@ -369,6 +378,130 @@ async def test_url_and_token_from_the_environment(tmp_path: Path) -> None:
         assert err.startswith("error unauthorized:")
 
 
+# --- where the token comes from ----------------------------------------------------------------
+
+
+async def test_the_token_file_of_a_local_daemon_is_read(cli_home: Path, tmp_path: Path) -> None:
+    token, _ = ensure_token_file(cli_home)
+    async with running_daemon(tmp_path, token=token) as d:
+        assert json.loads(ok(await corral("--url", d.url, "agents", "--json"))) == []
+        localhost = d.url.replace("127.0.0.1", "localhost")
+        assert json.loads(ok(await corral("--url", localhost, "agents", "--json"))) == []
+        # --token, then CORRAL_TOKEN, win over the file.
+        err = refused(await corral("--url", d.url, "--token", "wrong", "agents"), 2)
+        assert err.startswith("error unauthorized:")
+        env: dict[str, str | None] = {"CORRAL_TOKEN": "wrong"}
+        err = refused(await corral("--url", d.url, "agents", env=env), 2)
+        assert err.startswith("error unauthorized:")
+        # An empty CORRAL_TOKEN is no token: the file is read.
+        env = {"CORRAL_TOKEN": ""}
+        assert json.loads(ok(await corral("--url", d.url, "agents", "--json", env=env))) == []
+
+
+def write_token(home: Path, token: str, mode: int) -> None:
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "token").write_text(token + "\n")
+    (home / "token").chmod(mode)
+
+
+class RecordingApi:
+    """Stands in for ``HttpApi``: records the URL and the token each command would send."""
+
+    sent: ClassVar[list[tuple[str, str | None]]] = []
+
+    def __init__(self, url: str, *, token: str | None = None) -> None:
+        self.sent.append((url, token))
+
+    async def __aenter__(self) -> RecordingApi:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def list_agents(self) -> list[Any]:
+        return []
+
+
+@pytest.mark.parametrize(
+    ("url", "sent"),
+    [
+        ("http://127.0.0.1:4600", True),
+        ("http://127.8.9.10:4600", True),
+        ("https://localhost:4600/", True),
+        ("http://[::1]:4600", True),
+        ("http://192.0.2.10:4600", False),
+        ("https://corral.example.com", False),
+        ("http://127.0.0.1.example.com:4600", False),
+        ("http://localhost.example.com:4600", False),
+        ("http://0.0.0.0:4600", False),
+    ],
+)
+async def test_the_token_file_is_sent_to_loopback_only(
+    cli_home: Path, monkeypatch: pytest.MonkeyPatch, url: str, sent: bool
+) -> None:
+    from corral.daemon import _client
+
+    token, _ = ensure_token_file(cli_home)
+    monkeypatch.setattr(_client, "HttpApi", RecordingApi)
+    RecordingApi.sent = []
+    assert json.loads(ok(await corral("--url", url, "agents", "--json"))) == []
+    assert RecordingApi.sent == [(url, token if sent else None)]
+    # A token given explicitly goes wherever the URL says: the person chose it.
+    ok(await corral("--url", url, "--token", "given", "agents", "--json"))
+    assert RecordingApi.sent[-1] == (url, "given")
+
+
+async def test_a_token_file_others_can_read_is_not_sent(
+    cli_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from corral.daemon import _client
+
+    write_token(cli_home, "seen-by-others", 0o644)
+    monkeypatch.setattr(_client, "HttpApi", RecordingApi)
+    RecordingApi.sent = []
+    err = refused(await corral("--url", "http://127.0.0.1:4600", "agents"), 2)
+    assert err.startswith(f"error token_file_unsafe: the token file {cli_home / 'token'} is open")
+    assert "chmod 600" in err
+    assert RecordingApi.sent == []
+
+
+# --- named operator tokens ---------------------------------------------------------------------
+
+
+async def test_token_create_list_and_revoke(tmp_path: Path) -> None:
+    async with running_daemon(tmp_path, token="s3cret") as d:
+        env: dict[str, str | None] = {"CORRAL_URL": d.url, "CORRAL_TOKEN": "s3cret"}
+        made = await corral("token", "create", "alice", env=env)
+        assert made.exit_code == 0, made.output
+        alice = made.stdout.strip()
+        assert made.stdout == alice + "\n"  # the secret alone, for $(corral token create ...)
+        assert alice.startswith("corral-op.alice.")
+        assert "shown this once" in made.stderr
+        as_alice: dict[str, str | None] = {**env, "CORRAL_TOKEN": alice}
+        bob = json.loads(ok(await corral("token", "create", "bob", "--json", env=as_alice)))
+        assert (bob["name"], bob["by"]) == ("bob", "alice")
+        listed = json.loads(ok(await corral("token", "list", "--json", env=env)))
+        assert [(t["name"], t["by"]) for t in listed] == [("alice", "operator"), ("bob", "alice")]
+        table = ok(await corral("token", "list", env=env))
+        assert "alice" in table
+        assert alice not in table
+        assert bob["token"] not in table
+        err = refused(await corral("token", "create", "alice", env=env), 2)
+        assert err.startswith("error token_exists: a token named 'alice' is live since")
+        err = refused(await corral("token", "create", "9lives", env=env), 2)
+        assert err.startswith("error invalid_request: invalid token name")
+        said = ok(await corral("token", "revoke", "alice", env=as_alice))
+        assert said == "token alice revoked by alice\n"
+        err = refused(await corral("agents", env=as_alice), 2)
+        assert err.startswith("error unauthorized:")
+        err = refused(await corral("token", "revoke", "alice", env=env), 2)
+        assert err.startswith("error token_not_found: no live token named 'alice'")
+        agent_id = str((await d.service.spawn(SPEC)).body["id"])
+        as_agent: dict[str, str | None] = {**env, "CORRAL_TOKEN": d.agent_token(agent_id)}
+        err = refused(await corral("token", "list", env=as_agent), 2)
+        assert err.startswith("error out_of_scope:")
+
+
 # --- serve --------------------------------------------------------------------------------
 
 
@@ -425,7 +558,7 @@ async def test_serve_runs_the_daemon_until_sigterm(tmp_path: Path) -> None:
         str(tmp_path / "home"),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "CORRAL_TOKEN": ""},
+        env=serve_env(),
     )
     try:
         assert proc.stdout is not None
@@ -433,6 +566,8 @@ async def test_serve_runs_the_daemon_until_sigterm(tmp_path: Path) -> None:
         found = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
         assert found, line
         url = found.group(1)
+        # No token given: the daemon made one in its home, where the command line finds it.
+        assert f"bearer token in {tmp_path / 'home' / 'token'}" in line
         upper = [sys.executable, "-c", "import sys; print(sys.stdin.read().upper())"]
         spec = spec_file(tmp_path, command=upper, prompt="hello")
         agent_id = ok(await corral("--url", url, "spawn", spec)).split()[0]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import re
 import signal
 import sys
@@ -19,9 +18,10 @@ import pytest
 
 from tests.gateway.corpus import SHOP_ROWS, shop_sqlite_file
 from tests.gateway.gateway_support import separated_roles, shop_dsn
-from tests.test_cli import corral, ok, refused
+from tests.support.front_door import bearer, serve_env
+from tests.test_cli import cli_home, corral, ok, refused
 
-__all__ = ["shop_dsn"]  # a fixture
+__all__ = ["cli_home", "shop_dsn"]  # fixtures: the command line finds the token of --home
 
 pytestmark = pytest.mark.postgres
 
@@ -44,7 +44,7 @@ async def serving(tmp_path: Path, *args: str) -> AsyncIterator[tuple[str, str]]:
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "CORRAL_TOKEN": ""},
+        env=serve_env(),
     )
     try:
         assert proc.stdout is not None
@@ -200,7 +200,7 @@ async def test_serve_with_an_agent_role_and_limits_per_database(
         sql = "SELECT current_user AS u, count(*) AS n FROM orders"
         answer = json.loads(await gw(url, "query", "a-1", sql, "-t", "shop", "--json"))
         assert answer["rows"] == [{"u": agent_role, "n": len(SHOP_ROWS["orders"][1])}]
-        async with httpx.AsyncClient(base_url=url) as http:
+        async with httpx.AsyncClient(base_url=url, headers=bearer(tmp_path / "home")) as http:
             targets = (await http.get("/gateway")).json()["targets"]
     limits = {t["name"]: t["limits"] for t in targets}
     assert limits == {

@@ -32,8 +32,10 @@ def test_make_run_team_shows_each_policy(tmp_path: Path) -> None:
     import signal
     import time
 
-    # A token in the environment: the daemon, the team script and the CLI all read it.
-    env = {**os.environ, "CORRAL_PORT": "0", "CORRAL_TOKEN": "example-team-token-0123"}
+    # No token given, as `make run` gives none: the daemon makes .corral/token, which the
+    # team script and the command line (run in the same directory) read by themselves.
+    env = {k: v for k, v in os.environ.items() if k not in ("CORRAL_TOKEN", "CORRAL_HOME")}
+    env["CORRAL_PORT"] = "0"
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "examples" / "team" / "run.py")],
         cwd=tmp_path,
@@ -50,6 +52,20 @@ def test_make_run_team_shows_each_policy(tmp_path: Path) -> None:
             match = re.search(r"listening on (http://\S+)", proc.stdout.readline())
             url = match.group(1) if match else ""
         assert url, "the daemon did not say where it listens"
+        token_file = tmp_path / ".corral" / "token"
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        anonymous = subprocess.run(
+            [sys.executable, "-m", "corral.cli", "--url", url, "agents"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            env=env,
+            cwd=elsewhere,  # no .corral/token here: nothing to send, so refused
+        )
+        assert anonymous.returncode == 2, anonymous.stderr
+        assert anonymous.stderr.startswith("error unauthorized:")
 
         def agents() -> dict[str, dict[str, object]]:
             done = subprocess.run(
@@ -59,6 +75,7 @@ def test_make_run_team_shows_each_policy(tmp_path: Path) -> None:
                 timeout=20,
                 check=True,
                 env=env,
+                cwd=tmp_path,
             )
             return {a["name"]: a for a in json.loads(done.stdout)}
 
@@ -87,6 +104,7 @@ def test_make_run_team_shows_each_policy(tmp_path: Path) -> None:
             timeout=20,
             check=True,
             env={**env, "COLUMNS": "200"},  # a wide table: no cell is wrapped
+            cwd=tmp_path,
         )
         assert "circuit-tripped" in decisions.stdout
         assert "deployer" in decisions.stdout
@@ -116,6 +134,7 @@ def test_make_run_team_shows_each_policy(tmp_path: Path) -> None:
             timeout=20,
             check=True,
             env=env,
+            cwd=tmp_path,
         )
         assert reinstated.stdout.strip() == f"{auditor} reinstated in shop by you"
     finally:

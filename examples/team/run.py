@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from corral.daemon import ServeConfig, serve
+from corral.daemon import ServeConfig, read_token_file, serve, token_path
 from corral.daemon._server import log_to_stderr
 
 HERE = Path(__file__).resolve().parent
@@ -82,7 +82,9 @@ def team_specs() -> list[dict[str, Any]]:
 
 async def spawn_team(url: str) -> None:
     ids: dict[str, str] = {}
-    token = os.environ.get("CORRAL_TOKEN")  # the daemon takes it too (ServeConfig)
+    # The daemon's token: CORRAL_TOKEN if set (the daemon takes it too), else the one it made
+    # in .corral/token (or $CORRAL_HOME/token), which `corral` also reads by itself.
+    token = os.environ.get("CORRAL_TOKEN") or read_token_file(token_path())
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as client:
         for spec in team_specs():

@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 from corral.daemon import open_store
+from tests.support.front_door import bearer, serve_env
 
 # First attempt: hang (the daemon is killed meanwhile); second attempt: succeed.
 HANG_ONCE = (
@@ -65,6 +66,7 @@ class Daemon:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            env=serve_env(),
         )
         assert self.proc.stdout is not None
         deadline = time.monotonic() + BOUND_S
@@ -77,6 +79,11 @@ class Daemon:
             if not line and self.proc.poll() is not None:
                 break
         raise AssertionError(f"the daemon did not start (exit {self.proc.poll()})")
+
+    def client(self) -> httpx.Client:
+        """A client of the daemon with the token it made in its home (the same across
+        restarts: the file is kept)."""
+        return httpx.Client(base_url=self.url, headers=bearer(self.home), timeout=BOUND_S)
 
     def kill_9(self) -> str:
         """Kill the daemon; what it printed after it said where it listens."""
@@ -139,10 +146,10 @@ def events(client: httpx.Client, after: int = 0, agent: str | None = None) -> li
     return found
 
 
-def sse_after(url: str, last_event_id: int, count: int) -> list[dict[str, Any]]:
+def sse_after(url: str, home: Path, last_event_id: int, count: int) -> list[dict[str, Any]]:
     """The first ``count`` events an SSE client gets when it resumes after ``last_event_id``."""
     got: list[dict[str, Any]] = []
-    headers = {"Last-Event-ID": str(last_event_id)}
+    headers = {"Last-Event-ID": str(last_event_id), **bearer(home)}
     with (
         httpx.Client(timeout=BOUND_S) as client,
         client.stream("GET", url + "/events", headers=headers) as response,
@@ -158,7 +165,7 @@ def sse_after(url: str, last_event_id: int, count: int) -> list[dict[str, Any]]:
 def run_scenario(store: str, tmp_path: Path) -> None:
     home = tmp_path / "home"
     py = sys.executable
-    with daemon(store, home) as first, httpx.Client(base_url=first.url, timeout=BOUND_S) as api:
+    with daemon(store, home) as first, first.client() as api:
         lead = spawn(api, name="lead", command=[py, "-c", "print('lead')"])
         hang = spawn(
             api,
@@ -186,7 +193,7 @@ def run_scenario(store: str, tmp_path: Path) -> None:
 
     assert alive(pid), "the turn's process outlives the daemon (it has its own session)"
 
-    with daemon(store, home) as second, httpx.Client(base_url=second.url, timeout=BOUND_S) as api:
+    with daemon(store, home) as second, second.client() as api:
         wait_for(lambda: not alive(pid), "the leftover turn process to be ended")
         wait_for(lambda: api.get(f"/agents/{hang}").json()["state"] == "idle", "the retry")
         after = events(api, after=last_seq, agent=hang)
@@ -208,7 +215,7 @@ def run_scenario(store: str, tmp_path: Path) -> None:
 
         seqs = [e["seq"] for e in events(api)]
         assert seqs == list(range(1, len(seqs) + 1)), "the log has a gap"
-        resumed = sse_after(second.url, last_seq, 3)
+        resumed = sse_after(second.url, home, last_seq, 3)
         assert [e["seq"] for e in resumed] == [last_seq + 1, last_seq + 2, last_seq + 3]
         assert resumed[0]["type"] == "agent.turn_interrupted"
 

@@ -26,6 +26,7 @@ from corral.daemon import (
     serve,
 )
 from corral.kernel import InvalidArgumentError
+from tests.support.front_door import token_of
 from tests.support.polling import settle
 
 MODULE = "tests.daemon.workers.py_funcs"
@@ -295,7 +296,8 @@ async def test_a_crashing_python_agent_fails_alone_and_the_daemon_serves_on(
     )
     try:
         url = await asyncio.wait_for(asyncio.shield(bound), 30)
-        async with HttpApi(url) as api:
+        token = config.token or token_of(tmp_path)  # the one it made, unless given one
+        async with HttpApi(url, token=token) as api:
             spec = {"harness": "python", "prompt": "go"}
             bad = {
                 name: (await api.spawn({**spec, "name": name, "function": f"{MODULE}:{name}"}))[

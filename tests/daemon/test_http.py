@@ -687,6 +687,8 @@ async def test_openapi_lists_the_paths_and_describes_the_bodies(front: FrontDoor
         "/decisions",
         "/decisions/{decision_id}",
         "/events",
+        "/tokens",
+        "/tokens/{name}",
         "/gateway",
         "/gateway/query",
         "/gateway/{target}/schema",

@@ -222,7 +222,7 @@ async def test_an_agent_token_reaches_through_mcp_what_it_reaches_over_http(
     child = (await service.spawn({**SPEC, "name": "child", "parent": lead})).body["id"]
     other = (await service.spawn({**SPEC, "name": "other"})).body["id"]
     app = scoped_front.app()
-    mcp = mcp_asgi_app(scoped_front.api, scoped=scoped_front.api.as_agent)
+    mcp = mcp_asgi_app(scoped_front.api, scoped=scoped_front.api.as_caller)
     app.router.routes.append(Route("/mcp", endpoint=mcp.app))
     headers = {"Authorization": f"Bearer {scoped_front.agent_token(lead)}"}
     async with (

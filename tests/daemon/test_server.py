@@ -25,10 +25,11 @@ from corral.daemon import (
     open_store,
     serve,
 )
+from corral.daemon._auth import agent_token
 from corral.daemon._server import ListenError, TokenRequiredError
 from corral.kernel import InvalidArgumentError
 from corral.runtime import FakeClock
-from tests.support.front_door import BOUND_S, running_serve
+from tests.support.front_door import BOUND_S, bearer, running_serve
 from tests.support.harness import ScriptedHarness
 from tests.support.polling import settle
 
@@ -329,6 +330,9 @@ async def test_serve_listens_on_a_free_port_and_gives_agents_its_url(
         await _settle_requests(daemon.harness, 1)
     (request,) = daemon.harness.requests
     assert request.env["CORRAL_URL"] == daemon.url
+    # No token was given: the agent's own is derived from the one serve made in its home.
+    assert daemon.token is not None
+    assert request.env["CORRAL_TOKEN"] == agent_token(daemon.token, request.agent_id)
     out = capsys.readouterr().out
     assert out.count("\n") == 1
     assert f"corral: listening on {daemon.url}" in out
@@ -492,7 +496,8 @@ async def test_sigterm_shuts_down_cleanly_and_returns(tmp_path: Path) -> None:
             line = (await process.stdout.readline()).decode()
         assert line.startswith("corral: listening on http://127.0.0.1:"), line
         url = line.split()[3]
-        async with httpx.AsyncClient(base_url=url) as client:
+        headers = bearer(tmp_path / "home")  # the token it made, as no token was given
+        async with httpx.AsyncClient(base_url=url, headers=headers) as client:
             assert (await client.post("/agents", json=WORKER)).status_code == 201
         process.send_signal(signal.SIGTERM)
         async with asyncio.timeout(BOUND_S):
@@ -519,8 +524,6 @@ async def test_an_agent_token_uses_the_served_mcp_endpoint_within_its_scope(
     import httpx2
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
-
-    from corral.daemon._auth import agent_token
 
     token = "serve-token-0123456789"
     async with running_serve(tmp_path, token=token) as daemon:

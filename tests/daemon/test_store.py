@@ -295,6 +295,35 @@ async def test_reopen_restores_the_state_and_continues_the_seq(
     assert (await again.replay()).snapshot() == again.state.snapshot()
 
 
+async def test_tokens_are_a_projection_kept_across_a_reopen(backend: Backend, store: Store) -> None:
+    await store.append([ev.token_created("alice", "a" * 64, None)])
+    backend.clock.advance(5)
+    await store.append([ev.token_created("bob", "b" * 64, "alice")])
+    await store.append([ev.token_revoked("alice", "bob")])
+    tokens = store.state.tokens
+    assert tokens["alice"] == {
+        "name": "alice",
+        "sha256": "a" * 64,
+        "by": None,
+        "createdAt": "2026-01-01T00:00:00+00:00",
+        "revokedAt": "2026-01-01T00:00:05+00:00",
+        "revokedBy": "bob",
+    }
+    assert (tokens["bob"]["by"], tokens["bob"]["revokedAt"]) == ("alice", None)
+    before = store.state.snapshot()
+    assert (await store.replay()).snapshot() == before
+    await store.close()
+    again = await backend.open()
+    assert again.state.snapshot() == before
+
+
+async def test_revoking_a_token_never_made_writes_nothing(store: Store) -> None:
+    with pytest.raises(ReplayError):
+        await store.append([ev.token_revoked("nobody", None)])
+    assert store.state.last_seq == 0
+    assert await store.read() == []
+
+
 def test_the_event_constructors_write_the_shapes_the_log_has_always_held() -> None:
     rec = agent_record(CHILD, parent=PARENT)
     assert ev.agent_created(cast(AgentRecord, rec)) == created(CHILD, parent=PARENT)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -16,7 +17,16 @@ import uvicorn
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
-from corral.daemon import AgentService, LocalApi, ServeConfig, SQLiteStore, create_app, serve
+from corral.daemon import (
+    AgentService,
+    LocalApi,
+    ServeConfig,
+    SQLiteStore,
+    create_app,
+    read_token_file,
+    serve,
+    token_path,
+)
 from corral.daemon._auth import agent_token
 from tests.support.harness import ScriptedHarness
 from tests.support.polling import settle
@@ -133,6 +143,25 @@ async def running_daemon(tmp_path: Path, token: str | None = None) -> AsyncItera
         await door.service.close()  # ends the event streams, so the server can stop
 
 
+def token_of(home: Path) -> str:
+    """The token a daemon given no token made in its ``home`` (``<home>/token``)."""
+    token = read_token_file(token_path(home))
+    assert token is not None, f"no token file in {home}"
+    return token
+
+
+def bearer(home: Path) -> dict[str, str]:
+    """The ``Authorization`` header with the token of the daemon whose state is in ``home``."""
+    return {"authorization": f"Bearer {token_of(home)}"}
+
+
+def serve_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a ``corral serve`` subprocess, without the token and
+    home this environment may hold (each test's daemon makes and keeps its own)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CORRAL_TOKEN", "CORRAL_HOME")}
+    return {**env, "PYTHONUNBUFFERED": "1", **extra}
+
+
 @dataclass
 class ServedDaemon:
     """``serve`` running in this loop (see :func:`running_serve`)."""
@@ -152,7 +181,7 @@ class ServedDaemon:
 @contextlib.asynccontextmanager
 async def running_serve(tmp_path: Path, **overrides: Any) -> AsyncIterator[ServedDaemon]:
     """``serve`` on port 0 in this loop (``overrides`` for its ``ServeConfig``); cancelled
-    (and awaited) on exit."""
+    (and awaited) on exit. Its ``token`` is the one given, else the one it made."""
     harness = ScriptedHarness()
     config = ServeConfig(
         port=0,
@@ -168,7 +197,8 @@ async def running_serve(tmp_path: Path, **overrides: Any) -> AsyncIterator[Serve
             await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         if task.done():
             await task  # raises what stopped it
-        yield ServedDaemon(url.result(), harness, task, config.token)
+        token = config.token if config.token is not None else token_of(Path(config.home))
+        yield ServedDaemon(url.result(), harness, task, token)
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

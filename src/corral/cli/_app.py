@@ -1,7 +1,8 @@
 """The ``corral`` application: which commands it has, in the order ``--help`` lists them.
 
 A new command is a module-level function in the module of its concept (``_agents``,
-``_decisions``, ``_events``, ``_daemon``, ``_gateway``) plus one entry in ``build_app``.
+``_decisions``, ``_events``, ``_daemon``, ``_gateway``, ``_tokens``) plus one entry in
+``build_app``.
 """
 
 import sys
@@ -24,7 +25,7 @@ def build_app() -> "typer.Typer":
     # ``main`` must be able to report missing.
     import typer
 
-    from corral.cli import _agents, _daemon, _decisions, _events, _gateway, _options
+    from corral.cli import _agents, _daemon, _decisions, _events, _gateway, _options, _tokens
 
     app = typer.Typer(
         name="corral",
@@ -53,6 +54,7 @@ def build_app() -> "typer.Typer":
     ):
         app.command()(command)
     app.add_typer(_gateway.app, name="gateway")
+    app.add_typer(_tokens.app, name="token")
     return app
 
 

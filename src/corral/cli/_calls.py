@@ -20,13 +20,35 @@ T = TypeVar("T")
 
 
 class Target:
-    """The daemon the global options point at: ``--url`` and ``--token``."""
+    """The daemon the global options point at: ``--url`` and ``--token`` (``given``: the
+    option, else ``CORRAL_TOKEN``)."""
 
-    __slots__ = ("token", "url")
+    __slots__ = ("given", "url")
 
     def __init__(self, url: str, token: str | None) -> None:
         self.url = url
-        self.token = token
+        self.given = token
+
+    @property
+    def token(self) -> str | None:
+        """The token to send: ``--token``, else ``CORRAL_TOKEN``, else the local daemon's
+        token file (``$CORRAL_HOME/token``, default ``.corral/token``), and that file only
+        to a loopback URL: a local secret never leaves the machine. Raises
+        ``TokenFileError`` for a file readable by others (it is not sent)."""
+        if self.given:
+            return self.given
+        from urllib.parse import urlsplit
+
+        from corral.daemon._auth import is_loopback_host
+        from corral.daemon._token_file import read_token_file, token_path
+
+        try:
+            host = urlsplit(self.url).hostname
+        except ValueError:
+            return None
+        if host is None or not is_loopback_host(host):
+            return None
+        return read_token_file(token_path())
 
 
 def exit_code(error: CorralError) -> int:

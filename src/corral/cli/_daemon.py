@@ -22,14 +22,20 @@ def serve(
         typer.Option(help="sqlite:///PATH or postgresql://... (default: SQLite in .corral/)"),
     ] = None,
     home: Annotated[
-        Path | None, typer.Option(help="Where agents' working directories live.")
+        Path | None,
+        typer.Option(
+            envvar="CORRAL_HOME",
+            help="The daemon's state: agents' working directories and the token file "
+            "(default .corral).",
+        ),
     ] = None,
     token: Annotated[
         str | None,
         typer.Option(
             "--token",
             envvar="CORRAL_TOKEN",
-            help="Bearer token every request must carry (required off loopback).",
+            help="Bearer token every request must carry (default: one made in HOME/token; "
+            "required off loopback).",
         ),
     ] = None,
     db: Annotated[
@@ -63,7 +69,7 @@ def serve(
     from corral.daemon._server import serve as run_server
     from corral.daemon._targets import parse_db_option, parse_db_setting, target_options
 
-    config: dict[str, Any] = {"host": host, "port": port, "token": token or target(ctx).token}
+    config: dict[str, Any] = {"host": host, "port": port, "token": token or target(ctx).given}
     with refusals():
         databases = _databases(parse_db_option(item) for item in db or [])
         config["databases"] = databases

@@ -19,7 +19,12 @@ UrlOpt = Annotated[
 ]
 TokenOpt = Annotated[
     str | None,
-    typer.Option("--token", envvar="CORRAL_TOKEN", help="Bearer token for the daemon."),
+    typer.Option(
+        "--token",
+        envvar="CORRAL_TOKEN",
+        help="Bearer token for the daemon (default: a loopback daemon's token file, "
+        "$CORRAL_HOME/token or .corral/token).",
+    ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 AgentArg = Annotated[str, typer.Argument(help="The agent's id, like a_1f2e3d4c.")]

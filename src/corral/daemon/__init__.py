@@ -9,6 +9,7 @@ event log with projections, committed before anything is announced.
 from typing import TYPE_CHECKING
 
 from corral.daemon._api import AgentApi, LocalApi
+from corral.daemon._auth import Caller
 from corral.daemon._client import (
     DaemonUnreachableError,
     HttpApi,
@@ -30,6 +31,9 @@ from corral.daemon._errors import (
     ServiceClosedError,
     SpawnRefusedError,
     StoreUnavailableError,
+    TokenExistsError,
+    TokenFileError,
+    TokenNotFoundError,
     UnauthorizedError,
     UnstorableValueError,
 )
@@ -41,6 +45,7 @@ from corral.daemon._spec import AgentSpec, parse_spec
 from corral.daemon._state import State, replay
 from corral.daemon._status import http_status
 from corral.daemon._targets import TargetOptions
+from corral.daemon._token_file import read_token_file, token_path
 from corral.daemon.harnesses import (
     CommandHarness,
     Harness,
@@ -65,6 +70,7 @@ __all__ = [
     "AgentNotLiveError",
     "AgentService",
     "AgentSpec",
+    "Caller",
     "CommandHarness",
     "CommandResult",
     "DaemonError",
@@ -92,6 +98,9 @@ __all__ = [
     "Store",
     "StoreUnavailableError",
     "TargetOptions",
+    "TokenExistsError",
+    "TokenFileError",
+    "TokenNotFoundError",
     "TurnContext",
     "TurnFailedError",
     "TurnRequest",
@@ -106,9 +115,11 @@ __all__ = [
     "mcp_asgi_app",
     "open_store",
     "parse_spec",
+    "read_token_file",
     "replay",
     "run_stdio",
     "serve",
+    "token_path",
 ]
 
 

@@ -9,6 +9,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from corral.daemon import _approvals
 from corral.daemon._approvals import Verdict
+from corral.daemon._auth import Caller
 from corral.daemon._client import page_args, spec_mapping
 from corral.daemon._databases import Databases, waiting_decisions
 from corral.daemon._errors import AnswerNotAcceptedError, DecisionNotFoundError, OutOfScopeError
@@ -120,7 +121,8 @@ class AgentApi(Protocol):
 class ScopedService:
     """The service and its databases as one caller sees them.
 
-    ``principal`` None is the operator (the daemon's own token, or none): everything. An
+    ``principal`` None is an operator (the daemon's own token, a named operator token, or
+    none): everything. An
     agent id is that agent's own token: it reaches the agent and its descendants only
     (:meth:`AgentService.in_scope`); it lists and reads them, prompts and stops them, lowers
     (never raises) their budgets, spawns
@@ -128,6 +130,10 @@ class ScopedService:
     their decisions, queries a database as itself only, reads and freezes its subtree's
     breakers (in its own name), and may not reinstate (a person decides). Anything else
     raises ``OutOfScopeError`` (403 ``out_of_scope``), before the command is applied.
+
+    ``caller_name`` is who is calling, as the token says (:class:`~._auth.Caller`'s
+    ``name``: an operator token's name, or the agent's id); None is trusted code in this
+    process, which no request can be.
     """
 
     __slots__ = ("caller_name", "databases", "principal", "service")
@@ -142,12 +148,18 @@ class ScopedService:
         self.service = service
         self.databases = databases
         self.principal = principal
-        # The operator's token name (None: code in this process, trusted to name anyone).
+        # The caller's token name (None: code in this process, trusted to name anyone).
         self.caller_name = caller_name
 
     def as_agent(self, agent_id: str | None) -> ScopedService:
-        """The same service as seen with ``agent_id``'s token (None: the operator)."""
-        return ScopedService(self.service, self.databases, agent_id, self.caller_name)
+        """The same service as seen with ``agent_id``'s token (None: in-process code)."""
+        return ScopedService(self.service, self.databases, agent_id, agent_id)
+
+    def as_caller(self, caller: Caller | None) -> ScopedService:
+        """The same service as ``caller`` sees it (None: trusted code in this process)."""
+        if caller is None:
+            return ScopedService(self.service, self.databases)
+        return ScopedService(self.service, self.databases, caller.agent, caller.name)
 
     def check(self, agent_id: str) -> None:
         """Refuse an agent outside the caller's reach (``OutOfScopeError``)."""
@@ -385,6 +397,27 @@ class ScopedService:
         self.check_events(agent_id)
         return self.service.subscribe(after, agent_id=agent_id)
 
+    # --- named operator tokens (a person's; an agent's token is refused) ---------------------
+
+    def check_operator(self, doing: str) -> None:
+        """Refuse an agent's token (``OutOfScopeError``): ``doing`` is a person's business."""
+        if self.principal is not None:
+            raise OutOfScopeError(self.principal, doing)
+
+    def tokens(self) -> list[Json]:
+        self.check_operator("the operator tokens")
+        return self.service.tokens()
+
+    async def create_token(self, name: str) -> Json:
+        """A new operator token, recorded as made by the caller."""
+        self.check_operator("making an operator token")
+        return await self.service.create_token(name, by=self.caller_name)
+
+    async def revoke_token(self, name: str) -> Json:
+        """Revoke an operator token, recorded as revoked by the caller."""
+        self.check_operator("revoking an operator token")
+        return await self.service.revoke_token(name, by=self.caller_name)
+
     # --- the gateway -------------------------------------------------------------------------
 
     def targets(self) -> list[Json]:
@@ -474,9 +507,20 @@ class LocalApi:
     def as_agent(self, agent_id: str) -> LocalApi:
         """This API as ``agent_id``'s own token reaches it (see :class:`ScopedService`)."""
         v.non_empty_str("as_agent", "agent_id", agent_id)
+        return self.as_caller(Caller(agent_id, agent_id))
+
+    def as_caller(self, caller: Caller | None) -> LocalApi:
+        """This API as ``caller``'s token reaches it: an operator's everything (in its
+        name), an agent's its own subtree; None is trusted in-process code."""
+        v.instance_of("as_caller", "caller", caller, (Caller, type(None)))
         api = LocalApi(self.service, self.databases)
-        api._scope = self._scope.as_agent(agent_id)
+        api._scope = self._scope.as_caller(caller)
         return api
+
+    @property
+    def caller_name(self) -> str | None:
+        """Who this API acts as (see :attr:`ScopedService.caller_name`)."""
+        return self._scope.caller_name
 
     async def spawn(self, spec: Mapping[str, Any], idempotency_key: str | None = None) -> Json:
         spec_mapping("spawn", "spec", spec)

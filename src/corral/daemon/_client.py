@@ -391,6 +391,23 @@ class HttpApi:
         path = await self._agent_path(agent_id, target, "/reinstate")
         return dict(await self._call("POST", path, {"by": by, "reason": reason}))
 
+    # Named operator tokens (an operator's token only; not part of AgentApi).
+
+    async def create_token(self, name: str) -> Json:
+        """A new named operator token: ``{name, token, createdAt, by}`` (the secret is in
+        this answer only)."""
+        v.non_empty_str("create_token", "name", name)
+        return dict(await self._call("POST", "/tokens", {"name": name}))
+
+    async def list_tokens(self) -> list[Json]:
+        """The live named operator tokens: ``{name, createdAt, by}`` each."""
+        return _items(await self._call("GET", "/tokens"), "tokens")
+
+    async def revoke_token(self, name: str) -> Json:
+        """Revoke the live token ``name``; its record, with ``revokedAt`` and ``revokedBy``."""
+        v.non_empty_str("revoke_token", "name", name)
+        return dict(await self._call("DELETE", f"/tokens/{_seg(name)}"))
+
     async def events(
         self, after: int = 0, agent: str | None = None, limit: int = 1000
     ) -> list[Event]:

@@ -307,3 +307,39 @@ class AnswerNotAcceptedError(DaemonError, UsageError):
             answer=answer,
             accepted=accepted,
         )
+
+
+class TokenExistsError(DaemonError):
+    """A named operator token is live under that name (or the name is the daemon's own)."""
+
+    code = "token_exists"
+
+    def __init__(self, name: str, live: str, created_at: str | None) -> None:
+        if created_at is None:
+            said = f"{name!r} is the name of the daemon's own token; choose another name"
+        else:
+            same = "" if live == name else f", and {name!r} differs from it only in case"
+            said = (
+                f"a token named {live!r} is live since {created_at}{same}; revoke it first "
+                f"(corral token revoke {live}) or choose another name"
+            )
+        super().__init__(said, name=name, live=live, created_at=created_at)
+
+
+class TokenNotFoundError(DaemonError):
+    """No live named operator token has that name (never made, or already revoked)."""
+
+    code = "token_not_found"
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no live token named {name!r} (corral token list shows them)", name=name)
+
+
+class TokenFileError(DaemonError, UsageError):
+    """The daemon's token file cannot be trusted or used: readable by others, owned by
+    someone else, not a regular file, or not a token. Nothing is sent or served with it."""
+
+    code = "token_file_unsafe"
+
+    def __init__(self, path: str, problem: str, fix: str) -> None:
+        super().__init__(f"the token file {path} {problem}: {fix}", path=path, problem=problem)

@@ -30,6 +30,9 @@ DECISION_RESOLVED = "decision.resolved"
 COMMAND_RECORDED = "command.recorded"
 # The gateway (daemons started with --db)
 GATEWAY_FROZEN = "gateway.agent_frozen"
+# Named operator tokens (only a hash of each secret is kept)
+TOKEN_CREATED = "token.created"
+TOKEN_REVOKED = "token.revoked"
 
 EVENT_TYPES = frozenset(
     {
@@ -48,6 +51,8 @@ EVENT_TYPES = frozenset(
         DECISION_RESOLVED,
         COMMAND_RECORDED,
         GATEWAY_FROZEN,
+        TOKEN_CREATED,
+        TOKEN_REVOKED,
     }
 )
 
@@ -355,3 +360,32 @@ def command_recorded(
         "response": response,
     }
     return NewEvent(COMMAND_RECORDED, None, dict(data))
+
+
+# --- named operator tokens ---------------------------------------------------------------------
+
+
+class TokenCreatedData(TypedDict):
+    """``token.created``: a named operator token, by the SHA-256 (hex) of its secret (the
+    secret itself is never written), and the operator who made it (None: in-process code)."""
+
+    name: str
+    sha256: str
+    by: str | None
+
+
+class TokenRevokedData(TypedDict):
+    """``token.revoked``: the token of that name no longer opens the daemon."""
+
+    name: str
+    by: str | None
+
+
+def token_created(name: str, sha256: str, by: str | None) -> NewEvent:
+    data: TokenCreatedData = {"name": name, "sha256": sha256, "by": by}
+    return NewEvent(TOKEN_CREATED, None, dict(data))
+
+
+def token_revoked(name: str, by: str | None) -> NewEvent:
+    data: TokenRevokedData = {"name": name, "by": by}
+    return NewEvent(TOKEN_REVOKED, None, dict(data))

@@ -124,3 +124,16 @@ class CommandRecord(TypedDict):
     status: int
     response: dict[str, Any]
     at: str
+
+
+class TokenRecord(TypedDict):
+    """A named operator token: the SHA-256 (hex) of its secret, never the secret; who made
+    it, and when. A revoked token keeps its record (``revokedAt``), so its name can be given
+    to a new token and the log still says who revoked which."""
+
+    name: str
+    sha256: str
+    by: str | None
+    createdAt: str
+    revokedAt: str | None
+    revokedBy: str | None

@@ -33,6 +33,7 @@ from corral.daemon._targets import (
     check_target_options,
     target_kind,
 )
+from corral.daemon._token_file import default_home, ensure_token_file
 from corral.daemon.guardrails import Rule, check_custom, load_rules_file
 from corral.daemon.harnesses import CommandHarness, Harness, OpenAIHarness, PythonHarness
 from corral.daemon.stores import SQLiteStore, Store
@@ -95,9 +96,13 @@ class ServeConfig:
     actions are checked with before its own (read when the daemon starts; a file that
     cannot be used stops it from starting with ``GuardrailsFileError``).
     ``port`` 0 picks a free port. ``token`` defaults to the ``CORRAL_TOKEN`` environment
-    variable; a ``host`` that is not loopback without a token raises
-    :class:`TokenRequiredError` here, before anything starts. ``store`` is a URL for
-    :func:`open_store`; ``home`` holds the agents' directories. ``heartbeat_s`` spaces the
+    variable; without one, ``serve`` uses the token in ``<home>/token`` (made on first start,
+    readable by its owner only), so every request but ``GET /healthz`` needs a token either
+    way. A ``host`` that is not loopback without an explicit token raises
+    :class:`TokenRequiredError` here, before anything starts (a client elsewhere must be
+    given the token anyway). ``store`` is a URL for :func:`open_store`; ``home`` (default
+    ``CORRAL_HOME``, else ``.corral``) holds the agents' directories and the token file.
+    ``heartbeat_s`` spaces the
     SSE heartbeat comments; ``shutdown_timeout_s`` bounds the wait for open requests when
     stopping. Bad values raise ``InvalidArgumentError``.
     """
@@ -105,7 +110,7 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 4600
     store: str = "sqlite:///.corral/corral.db"
-    home: str | Path = ".corral"
+    home: str | Path = field(default_factory=default_home)
     token: str | None = field(default=None, repr=False)
     heartbeat_s: float = 15.0
     max_body_bytes: int = 1_048_576
@@ -162,8 +167,10 @@ async def serve(
     """Run the daemon until cancelled or sent SIGTERM/SIGINT.
 
     Binds first (a busy address raises :class:`ListenError` before the store is touched),
-    opens the store, starts the service (settling turns a previous process left in flight),
-    then serves. Prints one line with the address; ``ready`` (plain or coroutine function)
+    reads (or makes) the token file unless ``config`` has a token (an untrustworthy file
+    raises :class:`~._errors.TokenFileError`), opens the store, starts the service (settling
+    turns a previous process left in flight), then serves. Prints one line with the address
+    and where the token is (never the token); ``ready`` (plain or coroutine function)
     is called with the URL that local clients and agents use (also the agents'
     ``CORRAL_URL``; a wildcard host gives the loopback URL). On SIGTERM/SIGINT it returns
     after a clean shutdown; on cancellation it shuts down the same way and re-raises.
@@ -182,6 +189,9 @@ async def serve(
     sock = _listen(config.host, config.port)
     try:
         listen_url, local_url = _urls(sock)
+        token, token_file = config.token, None
+        if token is None:
+            token, token_file = ensure_token_file(config.home)
         store = open_store(config.store, clock=clock)
         try:
             await store.open()
@@ -191,7 +201,7 @@ async def serve(
                 harnesses=_default_harnesses() if harnesses is None else harnesses,
                 url=local_url,
                 clock=clock,
-                token=config.token,
+                token=token,
                 guardrails=rules,
             )
             try:
@@ -208,7 +218,8 @@ async def serve(
                         options=config.db_options,
                     )
                 try:
-                    await _run(config, service, databases, sock, listen_url, local_url, ready)
+                    served = _Served(sock, listen_url, local_url, token, token_file)
+                    await _run(config, service, databases, served, ready)
                 finally:
                     if databases is not None:
                         await databases.close()
@@ -220,18 +231,28 @@ async def serve(
         sock.close()
 
 
+@dataclass(frozen=True, slots=True)
+class _Served:
+    """Where the daemon listens, the URL local clients use, and its token (and the file it
+    came from, when it came from one)."""
+
+    sock: socket.socket
+    listen_url: str
+    local_url: str
+    token: str = field(repr=False)
+    token_file: Path | None
+
+
 async def _run(
     config: ServeConfig,
     service: AgentService,
     databases: Databases | None,
-    sock: socket.socket,
-    listen_url: str,
-    local_url: str,
+    served: _Served,
     ready: Callable[[str], Any] | None,
 ) -> None:
     app = create_app(
         service,
-        token=config.token,
+        token=served.token,
         max_body_bytes=config.max_body_bytes,
         heartbeat_s=config.heartbeat_s,
         databases=databases,
@@ -242,11 +263,11 @@ async def _run(
     # An agent's token reaches through a tool what it reaches over HTTP: both call the
     # scoped API.
     api = LocalApi(service, databases)
-    mcp = mcp_asgi_app(api, host=config.host, scoped=api.as_agent)
+    mcp = mcp_asgi_app(api, host=config.host, scoped=api.as_caller)
     app.router.routes.append(Route("/mcp", endpoint=mcp.app))
     try:
         async with mcp.lifespan():
-            await _serve_app(app, config, service, sock, listen_url, local_url, ready)
+            await _serve_app(app, config, service, served, ready)
     except BaseExceptionGroup as group:
         # The MCP session manager runs a task group, which wraps whatever leaves its body;
         # callers of serve() get the error itself (or the cancellation), as documented.
@@ -259,9 +280,7 @@ async def _serve_app(
     app: Any,
     config: ServeConfig,
     service: AgentService,
-    sock: socket.socket,
-    listen_url: str,
-    local_url: str,
+    served: _Served,
     ready: Callable[[str], Any] | None,
 ) -> None:
     server = _Server(
@@ -274,7 +293,7 @@ async def _serve_app(
         ),
         on_shutdown=service.close,
     )
-    task = asyncio.create_task(server.serve(sockets=[sock]), name="corral-http")
+    task = asyncio.create_task(server.serve(sockets=[served.sock]), name="corral-http")
     try:
         started = asyncio.create_task(server.started_event.wait())
         try:
@@ -282,17 +301,19 @@ async def _serve_app(
         finally:
             started.cancel()
         if not task.done():
-            auth = ", bearer token required" if config.token else ""
+            auth = ", bearer token required"
+            if served.token_file is not None:
+                auth = f", bearer token in {served.token_file.resolve()}"
             if config.databases:
                 auth += f", databases {', '.join(sorted(config.databases))}"
             if config.guardrails is not None:
                 auth += f", guardrails from {config.guardrails}"
             print(
-                f"corral: listening on {listen_url} (store {_shown_store(config)}{auth})",
+                f"corral: listening on {served.listen_url} (store {_shown_store(config)}{auth})",
                 flush=True,
             )
             if ready is not None:
-                outcome = ready(local_url)
+                outcome = ready(served.local_url)
                 if inspect.isawaitable(outcome):
                     await outcome
         await asyncio.shield(task)

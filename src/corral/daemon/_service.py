@@ -29,6 +29,7 @@ from corral.daemon import (
     _decisions,
     _notices,
     _queries,
+    _tokens,
     _turns,
 )
 from corral.daemon import _events as ev
@@ -929,6 +930,32 @@ class AgentService:
             return await self.check_action(agent_id, action, dict(context), wait_s=math.inf)
         except (InvalidRequestError, AgentNotLiveError) as exc:
             return Verdict("blocked", exc.message)
+
+    # --- named operator tokens (see _tokens) ------------------------------------------------
+
+    def tokens(self) -> list[Json]:
+        """The live named operator tokens, oldest first: name, createdAt, by (no secret, no
+        digest)."""
+        return [_tokens.shown(t) for t in _tokens.live(self.store.state)]
+
+    async def create_token(self, name: str, *, by: str | None = None) -> Json:
+        """Make the operator token ``name`` (made by ``by``): ``{name, token, createdAt,
+        by}``, the only time its secret is shown; only its SHA-256 is written. Raises
+        ``InvalidRequestError`` for a bad name, ``TokenExistsError`` for a live one."""
+        async with self._mutex:
+            self._refuse_if_closed("create_token")
+            secret, created = _tokens.creation(self.store.state, name, by)
+            await self._commit([created])
+            record = self.store.state.tokens[created.data["name"]]
+        return {**_tokens.shown(record), "token": secret}
+
+    async def revoke_token(self, name: str, *, by: str | None = None) -> Json:
+        """Revoke the live operator token ``name`` (from the next request on, it opens
+        nothing); its record. Raises ``TokenNotFoundError`` when no live token has it."""
+        async with self._mutex:
+            self._refuse_if_closed("revoke_token")
+            await self._commit([_tokens.revocation(self.store.state, name, by)])
+            return _tokens.shown(self.store.state.tokens[name])
 
     # --- turns ------------------------------------------------------------------------------
 

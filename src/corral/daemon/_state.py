@@ -20,10 +20,19 @@ from corral.daemon._events import (
     NewEvent,
     ResolvedData,
     StateChangedData,
+    TokenCreatedData,
+    TokenRevokedData,
     TurnEndedData,
     TurnStartedData,
 )
-from corral.daemon._records import AgentRecord, CommandRecord, DecisionRecord, Notice, TurnUsage
+from corral.daemon._records import (
+    AgentRecord,
+    CommandRecord,
+    DecisionRecord,
+    Notice,
+    TokenRecord,
+    TurnUsage,
+)
 
 LIVE_STATES = frozenset({"running", "waiting", "idle", "blocked"})
 ENDED_STATES = frozenset({"failed", "stopped"})
@@ -51,6 +60,7 @@ class State:
     notices: dict[int, Notice] = field(default_factory=dict)
     decisions: dict[str, DecisionRecord] = field(default_factory=dict)
     commands: dict[str, CommandRecord] = field(default_factory=dict)
+    tokens: dict[str, TokenRecord] = field(default_factory=dict)
     last_seq: int = 0
 
     def snapshot(self) -> dict[str, Any]:
@@ -60,6 +70,7 @@ class State:
             "notices": {str(k): v for k, v in self.notices.items()},
             "decisions": self.decisions,
             "commands": self.commands,
+            "tokens": self.tokens,
             "last_seq": self.last_seq,
         }
         loaded: dict[str, Any] = json.loads(json.dumps(data, sort_keys=True))
@@ -83,6 +94,7 @@ class Tx:
         self.notices: dict[int, Notice] = {}
         self.decisions: dict[str, DecisionRecord] = {}
         self.commands: dict[str, CommandRecord] = {}
+        self.tokens: dict[str, TokenRecord] = {}
         self.last_seq = state.last_seq
 
     def agent(self, agent_id: str) -> AgentRecord:
@@ -132,6 +144,7 @@ class Tx:
         self.state.notices.update(self.notices)
         self.state.decisions.update(self.decisions)
         self.state.commands.update(self.commands)
+        self.state.tokens.update(self.tokens)
         self.state.last_seq = self.last_seq
 
 
@@ -374,6 +387,26 @@ def _command(tx: Tx, event: Event) -> None:
     }
 
 
+def _token_created(tx: Tx, event: Event) -> None:
+    data = cast(TokenCreatedData, event.data)
+    tx.tokens[data["name"]] = {
+        "name": data["name"],
+        "sha256": data["sha256"],
+        "by": data["by"],
+        "createdAt": event.ts,
+        "revokedAt": None,
+        "revokedBy": None,
+    }
+
+
+def _token_revoked(tx: Tx, event: Event) -> None:
+    data = cast(TokenRevokedData, event.data)
+    base = tx.tokens.get(data["name"]) or tx.state.tokens.get(data["name"])
+    if base is None:
+        raise ReplayError(f"token.revoked at seq {event.seq} names no token: {data['name']!r}")
+    tx.tokens[data["name"]] = {**base, "revokedAt": event.ts, "revokedBy": data["by"]}
+
+
 _HANDLERS: dict[str, Callable[[Tx, Event], None]] = {
     ev.AGENT_CREATED: _created,
     ev.TURN_STARTED: _turn_started,
@@ -390,5 +423,7 @@ _HANDLERS: dict[str, Callable[[Tx, Event], None]] = {
     ev.DECISION_RESOLVED: _resolved,
     ev.COMMAND_RECORDED: _command,
     ev.GATEWAY_FROZEN: _no_projection,
+    ev.TOKEN_CREATED: _token_created,
+    ev.TOKEN_REVOKED: _token_revoked,
 }
 assert set(_HANDLERS) == ev.EVENT_TYPES

@@ -4,7 +4,6 @@ browser origin, body limit), every error in one shape, and the OpenAPI document.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import logging
 from typing import Any
@@ -21,10 +20,18 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import corral
 from corral.daemon._api import ScopedService
-from corral.daemon._auth import AGENT_SCOPE_KEY, agent_of_token
+from corral.daemon._auth import (
+    CALLER_SCOPE_KEY,
+    OPERATOR,
+    PREFIX,
+    Caller,
+    agent_of_token,
+    is_loopback_host,
+    sendable,
+)
 from corral.daemon._databases import Databases
 from corral.daemon._errors import InvalidRequestError, UnauthorizedError
-from corral.daemon._http import _agents, _decisions, _gateway
+from corral.daemon._http import _agents, _decisions, _gateway, _tokens
 from corral.daemon._http._common import (
     ApiRoute,
     BodyTooLargeError,
@@ -35,12 +42,13 @@ from corral.daemon._http._common import (
     error_response,
 )
 from corral.daemon._service import AgentService
+from corral.daemon._tokens import TokenIndex
 from corral.kernel import CorralError, InvalidArgumentError
 from corral.kernel import _validate as v
 
 logger = logging.getLogger("corral.daemon.http")
 
-ROUTES: list[ApiRoute] = [*_agents.ROUTES, *_decisions.ROUTES, *_gateway.ROUTES]
+ROUTES: list[ApiRoute] = [*_agents.ROUTES, *_decisions.ROUTES, *_tokens.ROUTES, *_gateway.ROUTES]
 
 
 # --- the app ------------------------------------------------------------------------------
@@ -58,7 +66,12 @@ def create_app(
     given; without, they answer ``unknown_target``).
 
     With ``token``, every request but ``GET /healthz`` needs ``Authorization: Bearer <token>``
-    (401 ``unauthorized`` otherwise). An agent's own token (``CORRAL_TOKEN`` in its
+    (401 ``unauthorized`` otherwise), and the gate says who is calling (a
+    :class:`~._auth.Caller` in the request's scope): ``token`` itself is the operator named
+    ``operator``; a named operator token (``POST /tokens``, looked up by its digest, revoked
+    from the next request on) is an operator of that name. Without ``token`` nothing is
+    asked and every request is trusted in-process code (for tests and embedding only: a
+    daemon always has a token). An agent's own token (``CORRAL_TOKEN`` in its
     environment, see :meth:`AgentService.in_scope`) is accepted too, for that agent and its
     descendants only: it lists and reads them, prompts and stops them, spawns children under
     them, reads their events (one agent at a time, ``?agent=``) and decisions, and the MCP
@@ -70,7 +83,7 @@ def create_app(
     where = "create_app"
     v.instance_of(where, "service", service, AgentService)
     v.non_empty_str(where, "token", token, optional=True)
-    if token is not None and not _sendable(token):
+    if token is not None and not sendable(token):
         raise InvalidArgumentError(where, "token", "printable ASCII without spaces", "<hidden>")
     v.positive_int(where, "max_body_bytes", max_body_bytes)
     v.positive_number(where, "heartbeat_s", heartbeat_s)
@@ -82,7 +95,8 @@ def create_app(
         description="Agents under supervision: spawn, prompt, stop, watch events, decide.",
     )
     app.openapi = lambda: _openapi(app, token is not None)  # type: ignore[method-assign]
-    app.add_middleware(_Gate, token=token, max_body_bytes=max_body_bytes)
+    named = TokenIndex(lambda: service.store.state)
+    app.add_middleware(_Gate, token=token, named=named, max_body_bytes=max_body_bytes)
     app.add_exception_handler(CorralError, _corral_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
@@ -127,29 +141,17 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResp
     return error_response(error, dict(exc.headers or {}))
 
 
-def _sendable(token: str) -> bool:
-    return token.isascii() and token.isprintable() and " " not in token
-
-
-def is_loopback_host(host: str) -> bool:
-    """True for ``localhost`` and loopback IP literals (127.0.0.0/8, ``::1``, bracketed or
-    not); a name that merely resolves to loopback does not count."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.removeprefix("[").removesuffix("]")).is_loopback
-    except ValueError:
-        return False
-
-
 class _Gate:
     """Before the app: the bearer token, the browser-origin rule and the body limit; around
     it: any unexpected exception becomes a bare 500 (and a log entry with the traceback)."""
 
-    def __init__(self, app: ASGIApp, *, token: str | None, max_body_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, *, token: str | None, named: TokenIndex, max_body_bytes: int
+    ) -> None:
         self.app = app
         self.secret = token
         self.token = None if token is None else token.encode()
+        self.named = named
         self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -196,17 +198,13 @@ class _Gate:
 
     def _refusal(self, scope: Scope, headers: Headers) -> CorralError | None:
         public = scope["method"] in ("GET", "HEAD") and scope["path"] == "/healthz"
-        scope.pop(AGENT_SCOPE_KEY, None)  # only this gate says who is calling
-        if self.secret is not None and self.token is not None and not public:
+        scope.pop(CALLER_SCOPE_KEY, None)  # only this gate says who is calling
+        if self.secret is not None and not public:
             scheme, _, given = headers.get("authorization", "").partition(" ")
-            presented = given.strip()
-            if scheme.lower() != "bearer":
+            caller = self._caller(given.strip()) if scheme.lower() == "bearer" else None
+            if caller is None:
                 return UnauthorizedError()
-            if not hmac.compare_digest(presented.encode(), self.token):
-                principal = agent_of_token(self.secret, presented)
-                if principal is None:
-                    return UnauthorizedError()
-                scope[AGENT_SCOPE_KEY] = principal  # read by the routes' api_of
+            scope[CALLER_SCOPE_KEY] = caller  # read by the routes' api_of and by MCP
         origin = headers.get("origin")
         if origin is not None and not self._origin_allowed(origin, headers.get("host")):
             return ForbiddenOriginError(origin)
@@ -219,6 +217,20 @@ class _Gate:
             if int(declared) > self.max_body_bytes:
                 return BodyTooLargeError(self.max_body_bytes, int(declared), declared=True)
         return None
+
+    def _caller(self, presented: str) -> Caller | None:
+        """Who ``presented`` is the token of, or None: the daemon's own (compared in constant
+        time), an agent's (an HMAC, checked in constant time), or a named operator token
+        (looked up by its digest)."""
+        assert self.secret is not None
+        assert self.token is not None
+        if hmac.compare_digest(presented.encode("utf-8", "surrogatepass"), self.token):
+            return Caller(OPERATOR)
+        if presented.startswith(PREFIX):
+            agent = agent_of_token(self.secret, presented)
+            return None if agent is None else Caller(agent, agent)
+        name = self.named.name_of(presented)
+        return None if name is None else Caller(name)
 
     def _origin_allowed(self, origin: str, host: str | None) -> bool:
         # Browsers send Origin on cross-site requests; a page elsewhere (or a DNS name rebound

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
 from corral.daemon._api import ScopedService
-from corral.daemon._auth import AGENT_SCOPE_KEY
+from corral.daemon._auth import CALLER_SCOPE_KEY, Caller
 from corral.daemon._errors import DaemonError, InvalidRequestError, InvalidSpecError
 from corral.daemon._service import CommandResult
 from corral.daemon._spec import problems_of
@@ -107,7 +107,7 @@ class ErrorBody(BaseModel):
 _ERROR_DESCRIPTIONS = {
     400: "Invalid input; `details.problems` lists every problem",
     401: "Missing or wrong bearer token",
-    403: "An agent's token used beyond that agent and its descendants",
+    403: "An agent's token used beyond that agent and its descendants (or for a person's business)",
     404: "No agent with that id",
     409: "The agent (or its run) cannot take the command now",
     413: "Body over the size limit",
@@ -290,11 +290,17 @@ def body_route(
 # --- the caller -------------------------------------------------------------------------------
 
 
+def caller_of(request: Request) -> Caller | None:
+    """Who the request is from, as the gate identified it by its token (None: an app
+    without a token, used in process)."""
+    caller = request.scope.get(CALLER_SCOPE_KEY)
+    return caller if isinstance(caller, Caller) else None
+
+
 def api_of(request: Request) -> ScopedService:
-    """The service as the request's caller sees it: the gate put the agent whose own token the
-    request carries in its scope (none for the daemon's token)."""
-    operator: ScopedService = request.app.state.api
-    return operator.as_agent(request.scope.get(AGENT_SCOPE_KEY))
+    """The service as the request's caller sees it (see :func:`caller_of`)."""
+    trusted: ScopedService = request.app.state.api
+    return trusted.as_caller(caller_of(request))
 
 
 def command_response(result: CommandResult, headers: dict[str, str] | None = None) -> JSONResponse:

@@ -1,5 +1,6 @@
-"""The MCP server over the tools of ``_tools``: refusals as tool errors, an agent's token
-served with its own reach, over streamable HTTP (``mcp_asgi_app``) or stdio (``run_stdio``)."""
+"""The MCP server over the tools of ``_tools``: refusals as tool errors, every caller served
+as its token says (an agent with its own reach, an operator in its own name), over
+streamable HTTP (``mcp_asgi_app``) or stdio (``run_stdio``)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from mcp.shared.exceptions import MCPError
 from starlette.types import ASGIApp
 
 from corral.daemon._api import AgentApi
-from corral.daemon._auth import AGENT_SCOPE_KEY
+from corral.daemon._auth import CALLER_SCOPE_KEY, Caller
 from corral.daemon._errors import InvalidRequestError, OutOfScopeError
 from corral.daemon._mcp._tools import TOOLS, input_schema
 from corral.daemon._spec import problems_of
@@ -48,9 +49,9 @@ def _error(error: CorralError) -> types.CallToolResult:
     )
 
 
-ScopedApi = Callable[[str], AgentApi]
-"""``scoped(agent_id)``: the :class:`AgentApi` with the reach of that agent's own token
-(:meth:`LocalApi.as_agent`)."""
+ScopedApi = Callable[[Caller], AgentApi]
+"""``scoped(caller)``: the :class:`AgentApi` as that caller's token reaches it, acting in its
+name (:meth:`LocalApi.as_caller`)."""
 
 
 def build_mcp_server(
@@ -61,9 +62,10 @@ def build_mcp_server(
     Any transport of the SDK can run it (``Client(server)`` connects to it in process).
     Refusals of ``api`` come back as tool errors; a tool name that does not exist is a
     JSON-RPC ``INVALID_PARAMS`` error, as the protocol asks. Over HTTP, a request the daemon's
-    gate marked as an agent's (its own token) is served by ``scoped(agent_id)`` instead, so an
-    agent reaches through MCP exactly what its token reaches over HTTP; without ``scoped``
-    such a request is refused (``out_of_scope``).
+    gate identified (a :class:`~corral.daemon._auth.Caller` in its scope) is served by
+    ``scoped(caller)`` instead, so an agent reaches through MCP exactly what its token
+    reaches over HTTP and an operator acts in its token's name; without ``scoped`` an
+    agent's request is refused (``out_of_scope``) and an operator's is served by ``api``.
     """
     v.instance_of("build_mcp_server", "api", api, AgentApi)
     v.non_empty_str("build_mcp_server", "name", name)
@@ -100,12 +102,12 @@ def build_mcp_server(
         if problems:
             return _error(InvalidRequestError(problems, what=what))
         try:
-            principal = _principal(ctx)
-            if principal is None:
-                return _result(await tool.run(api, args))
-            if scoped is None:
-                raise OutOfScopeError(principal, "the MCP endpoint (run `corral mcp` instead)")
-            return _result(await tool.run(scoped(principal), args))
+            caller = _caller(ctx)
+            if caller is not None and scoped is not None:
+                return _result(await tool.run(scoped(caller), args))
+            if caller is not None and caller.agent is not None:
+                raise OutOfScopeError(caller.agent, "the MCP endpoint (run `corral mcp` instead)")
+            return _result(await tool.run(api, args))
         except CorralError as exc:
             return _error(exc)
         except Exception:
@@ -128,14 +130,14 @@ def build_mcp_server(
     )
 
 
-def _principal(ctx: ServerRequestContext[Any]) -> str | None:
-    """The agent whose own token the HTTP request carries (the daemon's gate put it in the
-    request's scope), else None."""
+def _caller(ctx: ServerRequestContext[Any]) -> Caller | None:
+    """Who the HTTP request is from (the daemon's gate put it in the request's scope), else
+    None (stdio, in process, or an app without a token)."""
     scope = getattr(ctx.request, "scope", None)
     if not isinstance(scope, dict):
         return None
-    principal = scope.get(AGENT_SCOPE_KEY)
-    return principal if isinstance(principal, str) else None
+    caller = scope.get(CALLER_SCOPE_KEY)
+    return caller if isinstance(caller, Caller) else None
 
 
 class McpApp(NamedTuple):
@@ -165,7 +167,7 @@ def mcp_asgi_app(
     daemon's bearer token guards the endpoint and ``allowed_hosts`` (``"name:port"``,
     ``"name:*"``) may narrow it further. ``stateless`` serves each request on its own, with
     no MCP session to keep or expire. ``scoped``: see :func:`build_mcp_server` (the daemon
-    passes :meth:`LocalApi.as_agent`).
+    passes :meth:`LocalApi.as_caller`).
     """
     v.instance_of("mcp_asgi_app", "api", api, AgentApi)
     v.non_empty_str("mcp_asgi_app", "host", host)

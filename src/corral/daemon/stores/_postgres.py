@@ -31,7 +31,7 @@ _Pool = AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]
 
 # The projection tables: rebuilt together from the log when the stored projections were
 # built by another version of the reducer.
-_PROJECTIONS = ("agents", "notices", "decisions", "commands")
+_PROJECTIONS = ("agents", "notices", "decisions", "commands", "tokens")
 
 # One key for every corral schema: concurrent first opens must not race on CREATE TABLE.
 _SCHEMA_LOCK_KEY = 0x636F7272616C  # "corral"
@@ -51,6 +51,7 @@ class _Statements:
             "decisions": table("decisions"),
             "commands": table("commands"),
             "meta": table("meta"),
+            "tokens": table("tokens"),
             "counter": table("event_counter"),
         }
 
@@ -73,6 +74,7 @@ class _Statements:
             q("CREATE TABLE IF NOT EXISTS {decisions} (id text PRIMARY KEY, data json NOT NULL)"),
             q("CREATE TABLE IF NOT EXISTS {commands} (key text PRIMARY KEY, data json NOT NULL)"),
             q("CREATE TABLE IF NOT EXISTS {meta} (key text PRIMARY KEY, value text NOT NULL)"),
+            q("CREATE TABLE IF NOT EXISTS {tokens} (name text PRIMARY KEY, data json NOT NULL)"),
             q(
                 "CREATE TABLE IF NOT EXISTS {counter} (id boolean PRIMARY KEY DEFAULT true "
                 "CHECK (id), last_seq bigint NOT NULL)"
@@ -92,6 +94,7 @@ class _Statements:
         )
         self.clear = {key: q(f"DELETE FROM {{{key}}}") for key in _PROJECTIONS}
         self.load_commands = q("SELECT key, data FROM {commands}")
+        self.load_tokens = q("SELECT name, data FROM {tokens}")
         self.load_counter = q("SELECT last_seq FROM {counter}")
         self.bump = q("UPDATE {counter} SET last_seq = last_seq + %s RETURNING last_seq")
         self.insert_event = q(
@@ -107,6 +110,7 @@ class _Statements:
                 ("notices", "id"),
                 ("decisions", "id"),
                 ("commands", "key"),
+                ("tokens", "name"),
             )
         }
         cols = "SELECT seq, ts, type, agent_id, data FROM {events}"
@@ -216,6 +220,8 @@ class PostgresStore:
                 state.decisions[row_id] = data
             for key, data in await (await conn.execute(self._sql.load_commands)).fetchall():
                 state.commands[key] = data
+            for name, data in await (await conn.execute(self._sql.load_tokens)).fetchall():
+                state.tokens[name] = data
             row = await (await conn.execute(self._sql.load_counter)).fetchone()
             state.last_seq = row[0] if row else 0
         return state
@@ -233,6 +239,7 @@ class PostgresStore:
         tx = Tx(State())
         tx.agents, tx.notices = dict(state.agents), dict(state.notices)
         tx.decisions, tx.commands = dict(state.decisions), dict(state.commands)
+        tx.tokens = dict(state.tokens)
         await self._write(conn, [], tx)
         await conn.execute(self._sql.set_version, (str(PROJECTIONS_VERSION),))
 
@@ -313,6 +320,7 @@ class PostgresStore:
                 "notices": tx.notices,
                 "decisions": tx.decisions,
                 "commands": tx.commands,
+                "tokens": tx.tokens,
             }
             for key, rows in changes.items():
                 if rows:

@@ -32,10 +32,11 @@ CREATE TABLE IF NOT EXISTS notices (id INTEGER PRIMARY KEY, data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS decisions (id TEXT PRIMARY KEY, data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS commands (key TEXT PRIMARY KEY, data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS tokens (name TEXT PRIMARY KEY, data TEXT NOT NULL);
 """
 # The projection tables, with their key column: rebuilt together from the log when the
 # stored projections were built by another version of the reducer.
-_PROJECTIONS = (("agents", "id"), ("notices", "id"), ("decisions", "id"), ("commands", "key"))
+_PROJECTIONS = ("agents", "notices", "decisions", "commands", "tokens")
 
 
 def _dump(value: Any) -> str:
@@ -105,6 +106,8 @@ class SQLiteStore:
             state.decisions[row_id] = json.loads(data)
         for key, data in conn.execute("SELECT key, data FROM commands"):
             state.commands[key] = json.loads(data)
+        for name, data in conn.execute("SELECT name, data FROM tokens"):
+            state.tokens[name] = json.loads(data)
         (last,) = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
         state.last_seq = last
         return state
@@ -119,12 +122,16 @@ class SQLiteStore:
         state = replay(self._read_with(conn, 0, None, 2**62))
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for table, _ in _PROJECTIONS:
+            for table in _PROJECTIONS:
                 conn.execute(f"DELETE FROM {table}")
             self._write_projections(conn, state.agents, state.notices, state.decisions)
             conn.executemany(
                 "INSERT OR REPLACE INTO commands (key, data) VALUES (?, ?)",
                 [(k, _dump(v)) for k, v in state.commands.items()],
+            )
+            conn.executemany(
+                "INSERT OR REPLACE INTO tokens (name, data) VALUES (?, ?)",
+                [(k, _dump(v)) for k, v in state.tokens.items()],
             )
             conn.execute(
                 "INSERT OR REPLACE INTO meta (key, value) VALUES ('projections', ?)",
@@ -194,6 +201,10 @@ class SQLiteStore:
             conn.executemany(
                 "INSERT OR REPLACE INTO commands (key, data) VALUES (?, ?)",
                 [(k, _dump(v)) for k, v in tx.commands.items()],
+            )
+            conn.executemany(
+                "INSERT OR REPLACE INTO tokens (name, data) VALUES (?, ?)",
+                [(k, _dump(v)) for k, v in tx.tokens.items()],
             )
             conn.execute("COMMIT")
         except BaseException:
