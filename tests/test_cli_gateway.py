@@ -131,7 +131,7 @@ async def test_freeze_decide_reinstate_and_history(daemon_url: str) -> None:
     assert decisions.exit_code == 0, decisions.output
     assert "gateway_frozen" in decisions.stdout
     assert "bot-1" in decisions.stdout
-    assert decisions.stderr.startswith("reinstate with: corral gateway reinstate ID")
+    assert decisions.stderr.startswith("frozen in a database: corral decide ID reinstate")
     status = await gw(daemon_url, "status", "bot-1", "-t", "shop")
     assert "frozen" in status
     assert "runaway loop" in status
@@ -146,12 +146,12 @@ async def test_freeze_decide_reinstate_and_history(daemon_url: str) -> None:
     done = await gw(
         daemon_url, "reinstate", "bot-1", "--by", "dana", "--reason", "loop fixed", "-t", "shop"
     )
-    assert done.strip() == "bot-1 reinstated in shop by dana"
+    assert done.strip() == "bot-1 reinstated in shop by operator"  # the token's name
     assert json.loads(await gw(daemon_url, "status", "--json")) == []
     history = json.loads(await gw(daemon_url, "history", "bot-1", "-t", "shop", "--json"))
     assert [(h["kind"], h["by"], h["reason"]) for h in history] == [
-        ("freeze", "ops", "runaway loop"),
-        ("reinstatement", "dana", "loop fixed"),
+        ("freeze", "operator", "runaway loop"),
+        ("reinstatement", "operator", "loop fixed"),
     ]
     resolved = json.loads(
         ok(

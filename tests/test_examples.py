@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -24,6 +26,7 @@ def test_tour_shows_budget_deadline_and_guardrail() -> None:
     assert done.stderr == ""
 
 
+@pytest.mark.timeout(90)  # a real daemon, a team of seven and a dozen CLI processes
 def test_make_run_team_shows_each_policy(tmp_path: Path) -> None:
     """examples/team/run.py (what ``make run`` starts), read back through the CLI."""
     import json
@@ -86,6 +89,7 @@ def test_make_run_team_shows_each_policy(tmp_path: Path) -> None:
                 "billing": "blocked",
                 "deployer": "blocked",
                 "auditor": "idle",
+                "releaser": "waiting",  # on a person: its deploy asks for an approval
             }
             return all(found.get(n, {}).get("state") == s for n, s in want.items())
 
@@ -136,7 +140,39 @@ def test_make_run_team_shows_each_policy(tmp_path: Path) -> None:
             env=env,
             cwd=tmp_path,
         )
-        assert reinstated.stdout.strip() == f"{auditor} reinstated in shop by you"
+        # The record names the daemon's token ("operator"); "--by you" is kept as a note.
+        assert reinstated.stdout.strip() == f"{auditor} reinstated in shop by operator"
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "corral.cli", "--url", url, *args],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=True,
+                env=env,
+                cwd=tmp_path,
+            )
+
+        releaser = str(found["releaser"]["id"])
+        waiting = json.loads(cli("decisions", "--json").stdout)
+        (approval,) = [d for d in waiting if d["kind"] == "approval"]
+        assert approval["agentId"] == releaser
+        assert approval["action"] == "deploy web 2.4 to production"
+        assert approval["context"] == {"version": "2.4", "from": "staging"}
+        assert found["releaser"]["decision"] == approval["id"]
+        approved = cli("approve", approval["id"], "--why", "release checked")
+        assert approved.stdout.strip() == f"{approval['id']}: approve recorded"
+        while time.monotonic() < deadline + 40 and agents()["releaser"]["state"] != "idle":
+            time.sleep(0.1)
+        done = agents()["releaser"]
+        assert (done["state"], done["lastOutput"]) == ("idle", "web 2.4 is live\n")
+        (answered,) = [
+            d
+            for d in json.loads(cli("decisions", "--resolved", "--json").stdout)
+            if d["id"] == approval["id"]
+        ]
+        assert (answered["answer"], answered["by"]) == ("approve", "operator")
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(20)

@@ -7,7 +7,10 @@ The team (examples/team/team.json) is a lead with four command-harness workers:
 - deployer's failure is sent to a person (onFailure ask): it waits in `corral decisions`;
 - auditor reads the shop database (.corral/shop.db, given to the daemon as
   ``--db shop=...``) through the gateway, and keeps reading empty answers as absence until
-  the gateway freezes it: the freeze waits in `corral decisions` too.
+  the gateway freezes it: the freeze waits in `corral decisions` too;
+- releaser is a shell worker that asks before it deploys (``corral check "deploy ..." ||
+  exit 3``): its spec's guardrails send deploys to a person, so it waits, and the approval
+  waits in `corral decisions` until someone runs `corral approve ID` (or `deny`).
 Spawning uses idempotency keys, so running this again on the same store adds no second team.
 Every 15 s indexer and fetcher get a new prompt (for 10 minutes), so events keep coming.
 """
@@ -71,6 +74,10 @@ def ensure_shop(path: Path) -> Path:
 def team_specs() -> list[dict[str, Any]]:
     specs: list[dict[str, Any]] = json.loads((HERE / "team.json").read_text())
     for spec in specs:
+        if any("CORRAL_CLI" in part for part in spec["command"]):
+            # The `corral` command of this environment, for shell workers.
+            cli = Path(sys.executable).with_name("corral")
+            spec["env"] = {**spec.get("env", {}), "CORRAL_CLI": str(cli)}
         spec["command"] = [
             sys.executable
             if part == "python"
@@ -101,11 +108,11 @@ async def spawn_team(url: str) -> None:
             "Try in another terminal:\n"
             "  .venv/bin/corral agents\n"
             "  .venv/bin/corral events --follow\n"
-            "  .venv/bin/corral decisions\n"
-            f'  .venv/bin/corral prompt {ids["deployer"]} "go ahead" --by you '
-            '--why "release checked"\n'
+            "  .venv/bin/corral decisions            # the releaser's approval, the holds\n"
+            '  .venv/bin/corral approve ID --why "release checked"   # the approval\'s id\n'
+            f'  .venv/bin/corral prompt {ids["deployer"]} "go ahead" --why "release checked"\n'
             "  .venv/bin/corral gateway status\n"
-            f"  .venv/bin/corral gateway reinstate {ids['auditor']} --target shop --by you "
+            f"  .venv/bin/corral gateway reinstate {ids['auditor']} --target shop "
             '--reason "filter fixed"\n'
             "  .venv/bin/corral gateway query me "
             '"SELECT status, count(*) FROM orders GROUP BY status"\n'

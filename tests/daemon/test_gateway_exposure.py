@@ -245,12 +245,14 @@ async def test_a_freeze_is_a_decision_an_event_and_a_notice_until_reinstated(env
 
     error_of(missing_why, 400, "invalid_request")
     assert done.status_code == 200, done.text
-    assert done.json()["by"] == "dana"
+    # The record names the token that answered; the name typed is kept as a note.
+    assert done.json()["by"] == "operator"
     assert not [d for d in after["decisions"] if d["kind"] == "gateway_frozen"]
     [resolution] = [r for r in answered["decisions"] if r["kind"] == "gateway_frozen"]
     assert resolution["agentId"] == child
     assert resolution["id"] == decision["id"]
-    assert (resolution["by"], resolution["why"], resolution["answer"]) == (
+    assert (resolution["by"], resolution["note"], resolution["why"], resolution["answer"]) == (
+        "operator",
         "dana",
         "typo fixed in the prompt",
         "reinstate",
@@ -281,7 +283,7 @@ async def test_manual_freeze_is_idempotent_and_told_once(env: Env) -> None:
     assert elsewhere.status_code == 200  # a freeze holds in its own database only
     frozen_events = [e for e in await env.service.events(0) if e.type == "gateway.agent_frozen"]
     assert len(frozen_events) == 1
-    assert frozen_events[0].data["by"] == "dana"
+    assert frozen_events[0].data["by"] == "operator"  # the token's name, not the one typed
 
 
 async def test_an_agent_token_reaches_its_subtree_and_cannot_reinstate(env: Env) -> None:

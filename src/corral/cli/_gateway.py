@@ -147,8 +147,11 @@ def freeze(
 def reinstate(
     ctx: typer.Context,
     agent_id: AgentArg,
-    by: Annotated[str, typer.Option("--by", help="Who decides (recorded).")],
     reason: Annotated[str, typer.Option("--reason", help="Why (recorded).")],
+    by: Annotated[
+        str | None,
+        typer.Option("--by", help="A name kept as a note (the record names your token's owner)."),
+    ] = None,
     target_name: TargetOpt = None,
 ) -> None:
     """Lift an agent's freeze in a database (a person's decision, recorded)."""

@@ -114,7 +114,7 @@ class AgentApi(Protocol):
     ) -> Json: ...
 
     async def db_reinstate(
-        self, agent_id: str, by: str, reason: str, target: str | None = None
+        self, agent_id: str, by: str | None, reason: str, target: str | None = None
     ) -> Json: ...
 
 
@@ -350,8 +350,10 @@ class ScopedService:
             who, note = self.attribution(by, "reinstating")
             if why is None or not why.strip():
                 raise InvalidArgumentError("answer", "why", "the reason for reinstating", why)
+            if who is None:
+                raise InvalidArgumentError("answer", "by", "the name of who decides", by)
             await self.databases.reinstate(
-                found.get("target"), found["agentId"], by=who or "operator", reason=why, note=note
+                found.get("target"), found["agentId"], by=who, reason=why, note=note
             )
             return CommandResult(
                 200, {"decision": decision_id, "answer": answer, "agentId": found["agentId"]}
@@ -484,12 +486,16 @@ class ScopedService:
         if self.principal is not None:
             raise OutOfScopeError(self.principal, "reinstating a frozen agent (a person decides)")
 
-    async def reinstate(self, target: str | None, agent_id: str, *, by: str, reason: str) -> Json:
+    async def reinstate(
+        self, target: str | None, agent_id: str, *, by: str | None, reason: str
+    ) -> Json:
+        """Reinstate in the caller's name (a person's token; code in this process names
+        who decides in ``by``)."""
         self.check_reinstate()
         who, note = self.attribution(by, "reinstating")
-        return await self.databases.reinstate(
-            target, agent_id, by=who or by, reason=reason, note=note
-        )
+        if who is None:
+            raise InvalidArgumentError("reinstate", "by", "the name of who decides", by)
+        return await self.databases.reinstate(target, agent_id, by=who, reason=reason, note=note)
 
 
 class LocalApi:
@@ -642,7 +648,7 @@ class LocalApi:
         return await self._scope.freeze(target, agent_id, reason=reason, by=by)
 
     async def db_reinstate(
-        self, agent_id: str, by: str, reason: str, target: str | None = None
+        self, agent_id: str, by: str | None, reason: str, target: str | None = None
     ) -> Json:
         return await self._scope.reinstate(target, agent_id, by=by, reason=reason)
 

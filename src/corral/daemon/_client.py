@@ -386,10 +386,10 @@ class HttpApi:
         return dict(await self._call("POST", path, _command({"reason": reason, "by": by})))
 
     async def db_reinstate(
-        self, agent_id: str, by: str, reason: str, target: str | None = None
+        self, agent_id: str, by: str | None, reason: str, target: str | None = None
     ) -> Json:
         path = await self._agent_path(agent_id, target, "/reinstate")
-        return dict(await self._call("POST", path, {"by": by, "reason": reason}))
+        return dict(await self._call("POST", path, _command({"by": by, "reason": reason})))
 
     # Named operator tokens (an operator's token only; not part of AgentApi).
 

@@ -83,12 +83,13 @@ class FreezeBody(RequestBody):
 
 
 class ReinstateBody(RequestBody):
-    """``POST /gateway/{target}/agents/{agent}/reinstate``: who decides and why."""
+    """``POST /gateway/{target}/agents/{agent}/reinstate``: why (and ``by``, kept as a note:
+    the record names the token's owner)."""
 
     what = "reinstate body"
     required = True
 
-    by: str = Field(min_length=1)
+    by: str | None = Field(default=None, min_length=1)
     reason: str = Field(min_length=1)
 
 

@@ -148,7 +148,11 @@ class DbAgentArgs(Args):
 
 class DbReinstateArgs(Args):
     agent_id: str = _AGENT
-    by: str = Field(min_length=1, description="The person who decides (recorded).")
+    by: str | None = Field(
+        default=None,
+        min_length=1,
+        description="A name kept as a note (the record names the caller's token).",
+    )
     reason: str = Field(min_length=1, description="Why the agent may use the database again.")
     target: str | None = _TARGET
 
