@@ -42,8 +42,10 @@ from corral.daemon._state import State, replay
 from corral.daemon._status import http_status
 from corral.daemon._targets import TargetOptions
 from corral.daemon.harnesses import (
+    AdoptingHarness,
     CommandHarness,
     Harness,
+    NothingToAdoptError,
     OpenAIHarness,
     PythonHarness,
     TurnContext,
@@ -59,6 +61,7 @@ if TYPE_CHECKING:  # imported on first use (see __getattr__), typed here
 
 __all__ = [
     "AgentApi",
+    "AdoptingHarness",
     "AgentBudgetExhaustedError",
     "AgentBusyError",
     "AgentNotFoundError",
@@ -79,6 +82,7 @@ __all__ = [
     "LocalApi",
     "McpApp",
     "NewEvent",
+    "NothingToAdoptError",
     "NothingToSendError",
     "OpenAIHarness",
     "OutOfScopeError",
