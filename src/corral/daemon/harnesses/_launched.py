@@ -59,6 +59,11 @@ class TurnFiles:
     def path(self, kind: str) -> Path:
         return self.state_dir / f"turn-{self.turn}.{kind}"
 
+    def absolute(self) -> TurnFiles:
+        """The same files, named from the root (a relative ``state_dir`` is taken from the
+        current working directory)."""
+        return TurnFiles(_absolute(self.state_dir), self.turn)
+
     def remove(self) -> None:
         """Remove every file of the turn (and half-written ones); missing ones are fine."""
         for kind in _KINDS:
@@ -107,6 +112,8 @@ async def run_launched(
     directory missing is named as such) or its pid file cannot be written (it is killed).
     """
     loop = asyncio.get_running_loop()
+    # The launcher runs in ``cwd``: the paths it is given must not be relative to ours.
+    files, pid_file = files.absolute(), _absolute(pid_file)
     files.remove()
     try:
         files.state_dir.mkdir(parents=True, exist_ok=True)
@@ -392,6 +399,12 @@ def _write_private(path: Path, data: bytes) -> None:
             view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
+
+
+def _absolute(path: Path) -> Path:
+    """``path`` from the root: a relative one is taken from the current working directory
+    (no file system access but reading the current directory)."""
+    return Path(os.path.abspath(path))
 
 
 def _remove(path: Path) -> None:
