@@ -106,6 +106,30 @@ async def test_workdir_is_the_cwd(tmp_path: Path) -> None:
     assert json.loads(result.output)["cwd"] == str(req.workdir)  # resolved by request()
 
 
+def real(path: Path) -> str:
+    return os.path.realpath(path)
+
+
+async def test_relative_directories_are_the_daemons_not_the_commands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A daemon started with a relative home (``.corral``) gives relative directories.
+    monkeypatch.chdir(tmp_path)
+    req = request(Path("."), "report", prompt="relative")
+    relative = TurnRequest(
+        agent_id=req.agent_id,
+        turn=req.turn,
+        prompt=req.prompt,
+        spec=req.spec,
+        workdir=Path("work"),
+        state_dir=Path("state"),
+    )
+    result = await CommandHarness().run_turn(relative)
+    assert json.loads(result.output)["prompt"] == "relative"
+    assert json.loads(result.output)["cwd"] == real(tmp_path / "work")
+    assert list((tmp_path / "state").iterdir()) == []
+
+
 async def test_env_layers_daemon_then_spec_then_request(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -47,8 +47,10 @@ from corral.daemon._status import http_status
 from corral.daemon._targets import TargetOptions
 from corral.daemon._token_file import read_token_file, token_path
 from corral.daemon.harnesses import (
+    AdoptingHarness,
     CommandHarness,
     Harness,
+    NothingToAdoptError,
     OpenAIHarness,
     PythonHarness,
     TurnContext,
@@ -64,6 +66,7 @@ if TYPE_CHECKING:  # imported on first use (see __getattr__), typed here
 
 __all__ = [
     "AgentApi",
+    "AdoptingHarness",
     "AgentBudgetExhaustedError",
     "AgentBusyError",
     "AgentNotFoundError",
@@ -85,6 +88,7 @@ __all__ = [
     "LocalApi",
     "McpApp",
     "NewEvent",
+    "NothingToAdoptError",
     "NothingToSendError",
     "OpenAIHarness",
     "OutOfScopeError",

@@ -16,7 +16,7 @@ import logging
 import math
 import secrets
 import shutil
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,7 +67,7 @@ from corral.daemon.guardrails import (
     evaluate,
     rule_to_json,
 )
-from corral.daemon.harnesses import Harness, TurnResult, WarmHarness
+from corral.daemon.harnesses import AdoptingHarness, Harness, TurnResult, WarmHarness
 from corral.daemon.stores import Store
 from corral.guard import ApprovalRequest
 from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError, TimerHandle, new_id
@@ -127,8 +127,8 @@ class AgentService:
     agent) and the harnesses' bookkeeping (``agents/<id>/state``). ``harnesses`` maps harness
     names (``command``, ``python``, ``openai``) to :class:`Harness` objects. Call
     :meth:`start` once after the store is open: it settles turns that a previous process left
-    in flight (their leftover process is ended, ``agent.turn_interrupted`` is emitted, and the
-    turn counts as failed, "daemon restarted during turn").
+    in flight -- adopts those that were waiting on a person, interrupts the others (see
+    :meth:`start`).
 
     ``result_retry_s``: how long the outcome of a turn is tried again when the store is
     unavailable (``store_unavailable``, retryable) before the agent is left running until a
@@ -196,21 +196,34 @@ class AgentService:
     # --- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Settle turns left in flight by a previous process, then accept commands."""
+        """Settle turns left in flight by a previous process, then accept commands.
+
+        A turn that was waiting on a person (its agent ``waiting``) and whose harness can
+        adopt it (:class:`AdoptingHarness`) is taken up: its process may be waiting still (a
+        command agent in ``corral check`` retries until a daemon answers), and its outcome
+        counts as if the daemon had never died; when nothing of it is left, it is settled
+        as interrupted after all. Every other turn in flight is interrupted: its leftover
+        process is ended, ``agent.turn_interrupted`` is emitted and the turn counts as
+        failed ("daemon restarted during turn").
+        """
         async with self._mutex:
             for rec in list(self.store.state.agents.values()):
                 turn = rec["turnInFlight"]
                 if turn is None:
                     continue
                 harness = self.harnesses.get(self._spec(rec["id"]).harness)
+                if rec["state"] == "waiting" and isinstance(harness, AdoptingHarness):
+                    # Waiting from now on: the pause clock starts with the adoption.
+                    self.pauses(rec["id"]).waiting(True)
+                    self._start_turn(rec["id"], self._adopt_turn(rec["id"], turn, harness))
+                    continue
                 if harness is not None:
                     try:
                         if await harness.reap(rec["id"], self._state_dir(rec["id"])):
                             logger.info("agent %s: ended a leftover turn process", rec["id"])
                     except Exception:
                         logger.exception("agent %s: could not end a leftover process", rec["id"])
-                interrupted = [ev.turn_interrupted(rec["id"], turn, RESTARTED)]
-                await self._after_turn_failure(rec, turn, RESTARTED, None, interrupted)
+                await self._interrupted(rec, turn)
             # Approvals still pending: a deadline that passed while no daemon ran is applied
             # now (recorded as timed out), the others are timed again.
             for found in list(self.store.state.decisions.values()):
@@ -960,9 +973,14 @@ class AgentService:
     # --- turns ------------------------------------------------------------------------------
 
     def _launch(self, agent_id: str, turn: int, prompt: str) -> None:
+        self._start_turn(agent_id, self._run_turn(agent_id, turn, prompt))
+
+    def _start_turn(self, agent_id: str, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` (a turn of the agent, to its outcome) as the agent's turn task."""
         if self._closed:
+            work.close()
             return  # shutting down: the turn stays in flight and the next start settles it
-        task = asyncio.create_task(self._run_turn(agent_id, turn, prompt), name=f"turn-{agent_id}")
+        task = asyncio.create_task(work, name=f"turn-{agent_id}")
         self._turns[agent_id] = task
         task.add_done_callback(lambda t: self._forget(agent_id, t))
 
@@ -992,6 +1010,30 @@ class AgentService:
             paused_s=pauses.paused_s,
         )
         outcome = await _turns.run(self.harnesses[spec.harness], turn_request)
+        await self._settle_turn(agent_id, turn, outcome)
+
+    async def _adopt_turn(self, agent_id: str, turn: int, harness: AdoptingHarness) -> None:
+        """Take up turn ``turn``, which a previous process left waiting on a person."""
+        rec = self.store.state.agents[agent_id]
+        spec = self._spec(agent_id)
+        turn_request = _turns.request(
+            rec,
+            spec,
+            turn,
+            rec["lastPrompt"] or "",
+            self.clock.now(),
+            home=self.home,
+            env=_turns.agent_env(rec, self.url, self._token),
+            check_action=self._harness_check,
+            paused_s=self.pauses(agent_id).paused_s,
+        )
+        logger.info("agent %s: adopting turn %d, left waiting on a person", agent_id, turn)
+        outcome = await _turns.adopt(harness, turn_request)
+        await self._settle_turn(agent_id, turn, outcome)
+
+    async def _settle_turn(self, agent_id: str, turn: int, outcome: _turns.Outcome) -> None:
+        """Write the turn's outcome (unless the agent was stopped or the service is closing
+        meanwhile: then it is dropped)."""
         # The turn's outcome is written when the store takes it: a store that blips (a
         # dropped connection, a database restarting) is tried again, for up to
         # ``result_retry_s``, rather than leaving the agent running until a restart.
@@ -1004,6 +1046,9 @@ class AgentService:
                     rec = self.store.state.agents[agent_id]
                     if rec["turnInFlight"] != turn:
                         return  # an earlier try committed, though its answer was lost
+                    if outcome.interrupted:
+                        await self._interrupted(rec, turn)
+                        return
                     if outcome.result is not None:
                         await self._after_turn_success(rec, turn, outcome.result)
                         return
@@ -1027,6 +1072,12 @@ class AgentService:
             delay_s = min(delay_s * 2, _RESULT_RETRY_MAX_S)
             with contextlib.suppress(StoreUnavailableError):
                 await self.store.refresh()
+
+    async def _interrupted(self, rec: AgentRecord, turn: int) -> None:
+        """Settle the turn as cut short by a restart (``agent.turn_interrupted``, a failed
+        turn). Call with the mutex held."""
+        interrupted = [ev.turn_interrupted(rec["id"], turn, RESTARTED)]
+        await self._after_turn_failure(rec, turn, RESTARTED, None, interrupted)
 
     async def _recreate_workdir(self, agent_id: str, turn: int) -> None:
         """The agent's working directory is gone (deleted by hand, a cleanup job): make it

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -15,7 +15,14 @@ from corral.daemon._auth import agent_token
 from corral.daemon._records import AgentRecord
 from corral.daemon._spec import AgentSpec
 from corral.daemon._text import escape, escape_json
-from corral.daemon.harnesses import Harness, TurnFailedError, TurnRequest, TurnResult
+from corral.daemon.harnesses import (
+    AdoptingHarness,
+    Harness,
+    NothingToAdoptError,
+    TurnFailedError,
+    TurnRequest,
+    TurnResult,
+)
 from corral.kernel import ActionCheck
 
 logger = logging.getLogger("corral.daemon")
@@ -87,12 +94,14 @@ def state_dir(home: Path, agent_id: str) -> Path:
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What a turn came to: a ``result``, or an ``error`` with what it spent (``usage``) and,
-    when it stopped on its budget, the budget ``dimension``."""
+    when it stopped on its budget, the budget ``dimension``; or, for a turn taken up after a
+    restart, ``interrupted``: nothing of it was left to adopt."""
 
     result: TurnResult | None = None
     error: str | None = None
     usage: dict[str, Any] | None = None
     dimension: str | None = None
+    interrupted: bool = False
 
 
 async def run(harness: Harness, turn: TurnRequest) -> Outcome:
@@ -101,8 +110,18 @@ async def run(harness: Harness, turn: TurnRequest) -> Outcome:
 
     What the harness reports is escaped (``_text.escape``: lone surrogates and NUL become
     U+FFFD), so whatever an agent returns can be stored and read back."""
+    return await _outcome(turn, harness.run_turn(turn), adopting=False)
+
+
+async def adopt(harness: AdoptingHarness, turn: TurnRequest) -> Outcome:
+    """Take up a turn a previous daemon left waiting (see :class:`AdoptingHarness`): its
+    outcome as :func:`run` gives it, or ``interrupted`` when there was nothing to adopt."""
+    return await _outcome(turn, harness.adopt(turn), adopting=True)
+
+
+async def _outcome(turn: TurnRequest, work: Awaitable[TurnResult], *, adopting: bool) -> Outcome:
     try:
-        result = await harness.run_turn(turn)
+        result = await work
     except TurnFailedError as exc:
         error = escape(exc.message)
         usage = None if exc.usage is None else escape_json(dict(exc.usage))
@@ -117,6 +136,9 @@ async def run(harness: Harness, turn: TurnRequest) -> Outcome:
             error, usage = f"{error}; its usage was not counted: {problem}", None
         return Outcome(error=error, usage=usage, dimension=_dimension(turn, exc))
     except Exception as exc:
+        if adopting and isinstance(exc, NothingToAdoptError):
+            logger.info("agent %s: turn %d: %s", turn.agent_id, turn.turn, exc.message)
+            return Outcome(interrupted=True)
         logger.exception("agent %s: harness %s raised", turn.agent_id, turn.spec.harness)
         return Outcome(error=escape(f"harness error: {type(exc).__name__}: {exc}"))
     problem = usage_problem(result.tokens, result.cost_usd)

@@ -14,6 +14,10 @@ Modes:
   ``done`` and exits 0.
 - ``ignore-stdin``: prints ``ignored`` without reading stdin, exits 0.
 - ``sleep SECONDS``: sleeps, then prints ``slept`` and exits 0.
+- ``await-file NAME``: writes ``pids.json`` (``{"child"}``), waits (up to 60 s) for file
+  ``NAME`` in its working directory, then prints ``<prompt> -> <the file's text>``, writes
+  ``stderr of <the file's text>`` to stderr and exits with the file's text as its code (a
+  stand-in for ``corral check "..." || exit 1``, whose verdict a test gives by the file).
 """
 
 from __future__ import annotations
@@ -88,6 +92,17 @@ def main(mode: str, *args: str) -> int:
         time.sleep(float(args[0]))
         print("slept", flush=True)
         return 0
+    if mode == "await-file":
+        prompt = sys.stdin.read()
+        write_pids(child=os.getpid())
+        deadline = time.monotonic() + 60
+        while not os.path.exists(args[0]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with open(args[0]) as f:
+            text = f.read().strip()
+        print(f"{prompt} -> {text}", flush=True)
+        print(f"stderr of {text}", file=sys.stderr, flush=True)
+        return int(text)
     raise SystemExit(f"unknown mode {mode!r}")
 
 

@@ -1,5 +1,6 @@
-"""Runs one command-harness turn (``cmd_worker.py family``) in this process, which the test
-kills with SIGKILL mid-turn, as a daemon dying: ``turn_then_die.py STATE_DIR WORKDIR``."""
+"""Runs one command-harness turn (``cmd_worker.py family``, or the mode and arguments given)
+in this process, which the test kills with SIGKILL mid-turn, as a daemon dying:
+``turn_then_die.py STATE_DIR WORKDIR [MODE ARGS...]``; the prompt is ``work``."""
 
 from __future__ import annotations
 
@@ -12,10 +13,9 @@ from corral.daemon import CommandHarness, TurnRequest, parse_spec
 WORKER = str(Path(__file__).with_name("cmd_worker.py"))
 
 
-async def main(state_dir: str, workdir: str) -> None:
-    spec = parse_spec(
-        {"name": "doomed", "harness": "command", "command": [sys.executable, WORKER, "family"]}
-    )
+async def main(state_dir: str, workdir: str, *mode: str) -> None:
+    command = [sys.executable, WORKER, *(mode or ["family"])]
+    spec = parse_spec({"name": "doomed", "harness": "command", "command": command})
     request = TurnRequest(
         agent_id="a_doomed00",
         turn=1,
@@ -29,4 +29,4 @@ async def main(state_dir: str, workdir: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2]))
+    asyncio.run(main(*sys.argv[1:]))

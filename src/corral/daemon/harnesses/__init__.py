@@ -1,7 +1,9 @@
 """The harnesses: the seam that runs one turn of an agent, and its three implementations."""
 
 from corral.daemon.harnesses._base import (
+    AdoptingHarness,
     Harness,
+    NothingToAdoptError,
     TurnFailedError,
     TurnRequest,
     TurnResult,
@@ -13,8 +15,10 @@ from corral.daemon.harnesses._python import PythonHarness, TurnContext
 from corral.daemon.harnesses._timer import TurnTimer
 
 __all__ = [
+    "AdoptingHarness",
     "CommandHarness",
     "Harness",
+    "NothingToAdoptError",
     "OpenAIHarness",
     "PythonHarness",
     "TurnContext",

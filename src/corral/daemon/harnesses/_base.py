@@ -113,3 +113,28 @@ class WarmHarness(Protocol):
     async def release(self, agent_id: str) -> None: ...
 
     async def aclose(self) -> None: ...
+
+
+class NothingToAdoptError(CorralError):
+    """:meth:`AdoptingHarness.adopt` found no turn to adopt: its process is gone and left no
+    outcome (or never ran). Whatever it left was ended; the daemon settles the turn as
+    interrupted."""
+
+    code = "nothing_to_adopt"
+
+
+@runtime_checkable
+class AdoptingHarness(Harness, Protocol):
+    """A harness whose turns can outlive the daemon and be taken up by the next one.
+
+    ``adopt`` is called at daemon start, instead of ``reap``, for a turn that was waiting on a
+    person when the daemon died (the agent's state ``waiting``): it waits for that turn's
+    leftover process to finish and returns its outcome as ``run_turn`` would have --
+    :class:`TurnResult`, or :class:`TurnFailedError` -- honouring ``request.timeout_s`` with
+    ``request.paused_s`` (its clock starts at the adoption). ``request.prompt`` is not used:
+    the turn has its prompt already. Raises :class:`NothingToAdoptError` when there is
+    nothing to adopt (the process is gone and left no outcome), once whatever the turn left
+    is ended. A cancellation ends the process and propagates, as for ``run_turn``.
+    """
+
+    async def adopt(self, request: TurnRequest) -> TurnResult: ...

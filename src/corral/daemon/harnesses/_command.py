@@ -4,30 +4,48 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from corral.daemon.harnesses._base import TurnFailedError, TurnRequest, TurnResult
+from corral.daemon.harnesses._base import (
+    NothingToAdoptError,
+    TurnFailedError,
+    TurnRequest,
+    TurnResult,
+)
+from corral.daemon.harnesses._launched import (
+    TurnFiles,
+    adopt_launched,
+    remove_all_turn_files,
+    run_launched,
+)
 from corral.daemon.harnesses._process import (
     PID_FILE,
+    Finished,
     Limits,
     ProcessNotStartedError,
     agent_env,
     exit_message,
     reap_pid_file,
-    run_process,
 )
 from corral.daemon.harnesses._timer import TurnTimer
 from corral.kernel import InvalidArgumentError
 from corral.kernel import _validate as v
 
-__all__ = ["PID_FILE", "CommandHarness"]
+__all__ = ["PID_FILE", "CommandHarness", "NothingToAdoptError"]
 
 
 class CommandHarness:
     """Runs ``spec.command`` (an argv, no shell) once per turn.
 
     The child runs in ``request.workdir`` with the daemon's environment, then ``spec.env``,
-    then ``request.env`` on top; the prompt is written to its stdin, which is then closed. Its
+    then ``request.env`` on top; the prompt is its stdin (a file, read to its end). Its
     stdout, decoded as UTF-8 (undecodable bytes replaced), is the turn's output. The child
     starts in a session of its own, so the turn owns a whole process group.
+
+    The daemon does not run the command itself: a launcher does (``_launch``: an interpreter
+    importing only built-in modules, in a session of its own), which reads the command's
+    stdout and stderr, keeps what is kept of them in files of the turn in ``state_dir``
+    (``turn-<n>.out``, ``turn-<n>.err``) and records its exit status (``turn-<n>.status``).
+    So a turn outlives the daemon with its outcome: after a crash, the next daemon can
+    :meth:`adopt` it. The files are removed once read.
 
     Failed turns (:class:`TurnFailedError`): the command cannot be started (or its working
     directory does not exist: the message says so rather than blame the command); it exits
@@ -49,13 +67,19 @@ class CommandHarness:
 
     Output: at most ``max_output_bytes`` of stdout are kept; the rest is read and dropped (the
     child never blocks on a full pipe) and the output ends with a line saying how many bytes
-    were dropped. Only the stderr tail is kept.
+    were dropped. Only the stderr tail is kept. So the disk holds at most
+    ``max_output_bytes`` plus ``stderr_tail_bytes`` of a turn's output, whatever the command
+    writes. (A file-size limit on the command, RLIMIT_FSIZE, would cap every file the agent
+    writes in its working directory too; reading a pipe caps only the output.)
 
     Crash safety (Linux): while a turn runs, ``<state_dir>/turn.pid`` holds the child's pid,
-    its start time (``/proc/<pid>/stat`` field 22) and the boot id, written and fsynced
-    before the turn is waited on and removed when the turn ends. :meth:`reap` uses it after
-    a daemon crash. A child that dies within the instant between its start and that write
-    leaves no file; one still alive then is missed only if the daemon dies in that instant.
+    its start time (``/proc/<pid>/stat`` field 22) and the boot id, and the launcher's pid
+    and start time, written and fsynced by the launcher before the turn is waited on (the
+    child cannot be reaped before: the launcher is its parent) and removed when the turn
+    ends. :meth:`reap` and :meth:`adopt` use it after a daemon crash; a daemon that dies in
+    the instant between the child's start and that write misses the child.
+
+    Cost: the launcher is one more interpreter start per turn (about 15 ms of CPU).
     """
 
     def __init__(
@@ -64,14 +88,17 @@ class CommandHarness:
         max_output_bytes: int = 10 * 1024 * 1024,
         stderr_tail_bytes: int = 2048,
         drain_s: float = 2.0,
+        adopt_poll_s: float = 0.1,
     ) -> None:
         where = "CommandHarness"
         v.positive_int(where, "max_output_bytes", max_output_bytes)
         v.positive_int(where, "stderr_tail_bytes", stderr_tail_bytes)
         v.positive_number(where, "drain_s", drain_s)
+        v.positive_number(where, "adopt_poll_s", adopt_poll_s)
         self.max_output_bytes = max_output_bytes
         self.stderr_tail_bytes = stderr_tail_bytes
         self.drain_s = drain_s
+        self.adopt_poll_s = adopt_poll_s
 
     def __repr__(self) -> str:
         return (
@@ -82,29 +109,66 @@ class CommandHarness:
     async def run_turn(self, request: TurnRequest) -> TurnResult:
         """Run one turn; see the class docstring. Raises ``InvalidArgumentError`` when the
         request is not a TurnRequest for a ``command`` spec."""
-        v.instance_of("CommandHarness.run_turn", "request", request, TurnRequest)
-        argv = request.spec.command
-        if request.spec.harness != "command" or not argv:
-            raise InvalidArgumentError(
-                "CommandHarness.run_turn",
-                "request.spec",
-                "a spec of harness 'command' with a command",
-                request.spec.harness,
-            )
+        argv = self._check("CommandHarness.run_turn", request)
         timer = TurnTimer(request.timeout_s, request.paused_s)
         try:
-            finished = await run_process(
+            finished = await run_launched(
                 argv,
                 cwd=request.workdir,
                 env=agent_env(request),
                 stdin=request.prompt.encode(),
-                limits=Limits(self.max_output_bytes, self.stderr_tail_bytes, self.drain_s),
+                limits=self._limits(),
                 timer=timer,
+                files=TurnFiles(request.state_dir, request.turn),
                 pid_file=request.state_dir / PID_FILE,
-                record={"agentId": request.agent_id, "turn": request.turn},
+                agent_id=request.agent_id,
             )
         except ProcessNotStartedError as exc:
             raise TurnFailedError(exc.message, **exc.details) from None
+        return self._judge(finished, timer, request)
+
+    async def adopt(self, request: TurnRequest) -> TurnResult:
+        """Take up a turn a previous daemon started, and judge it as :meth:`run_turn` does.
+
+        Waits (checking every ``adopt_poll_s``) until the turn's launcher has recorded how
+        the command ended, then reads its files: the same output, failure messages and
+        timeout as if this daemon had started it. The time limit's clock starts now:
+        ``request.timeout_s`` of the turn's own time from the adoption on, less
+        ``request.paused_s()``. Raises :class:`NothingToAdoptError` when the turn left no
+        outcome and nothing of it runs (what it left is killed first),
+        :class:`TurnFailedError` for a failed turn, ``InvalidArgumentError`` as
+        :meth:`run_turn`. A cancellation kills the command's group and the launcher.
+        """
+        self._check("CommandHarness.adopt", request)
+        timer = TurnTimer(request.timeout_s, request.paused_s)
+        try:
+            finished = await adopt_launched(
+                files=TurnFiles(request.state_dir, request.turn),
+                pid_file=request.state_dir / PID_FILE,
+                limits=self._limits(),
+                timer=timer,
+                poll_s=self.adopt_poll_s,
+            )
+        except ProcessNotStartedError as exc:
+            raise TurnFailedError(exc.message, **exc.details) from None
+        return self._judge(finished, timer, request)
+
+    def _limits(self) -> Limits:
+        return Limits(self.max_output_bytes, self.stderr_tail_bytes, self.drain_s)
+
+    def _check(self, where: str, request: TurnRequest) -> tuple[str, ...]:
+        v.instance_of(where, "request", request, TurnRequest)
+        argv = request.spec.command
+        if request.spec.harness != "command" or not argv:
+            raise InvalidArgumentError(
+                where,
+                "request.spec",
+                "a spec of harness 'command' with a command",
+                request.spec.harness,
+            )
+        return tuple(argv)
+
+    def _judge(self, finished: Finished, timer: TurnTimer, request: TurnRequest) -> TurnResult:
         if finished.timed_out:
             raise TurnFailedError(
                 timer.timeout_message() + "; its process group was killed",
@@ -128,4 +192,6 @@ class CommandHarness:
         """
         v.non_empty_str("CommandHarness.reap", "agent_id", agent_id)
         v.instance_of("CommandHarness.reap", "state_dir", state_dir, Path)
-        return reap_pid_file(state_dir / PID_FILE)
+        found = reap_pid_file(state_dir / PID_FILE)
+        remove_all_turn_files(state_dir)
+        return found

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.daemon.harnesses._base import TurnRequest
+from corral.daemon.harnesses._launch import boot_id, kill_group, start_time, write_pid_file
 from corral.daemon.harnesses._timer import TurnTimer
 
 PID_FILE = "turn.pid"
@@ -103,13 +104,13 @@ async def run_process(
             start_new_session=True,
         )
     except OSError as exc:
-        raise _not_started(argv, cwd, exc) from None
+        raise not_started(argv, cwd, exc) from None
     pid = transport.get_pid()
     timed_out = False
     try:
         if pid_file is not None:
             try:
-                _write_pid_file(pid_file, pid, record or {})
+                write_pid_file(str(pid_file), pid, record or {})
             except OSError as exc:
                 raise ProcessNotStartedError(
                     f"could not write the pid file {str(pid_file)!r}: {exc}; "
@@ -122,14 +123,14 @@ async def run_process(
             await asyncio.wait({pipes.exited})
         else:
             timed_out = not await timer.wait(pipes.exited)
-        _kill_group(pid)  # what the command left behind, or all of it on timeout
+        kill_group(pid)  # what the command left behind, or all of it on timeout
         await asyncio.wait({pipes.exited}, timeout=_REAP_S)
         # Pipes still open now are held by a process outside the group: stop waiting.
         await asyncio.wait({pipes.closed}, timeout=limits.drain_s)
     finally:
         try:
             if not pipes.exited.done():
-                _kill_group(pid)
+                kill_group(pid)
                 await _wait_through_cancellation(pipes.exited, _REAP_S)
         finally:
             transport.close()  # closes the pipes; kills the child if still there
@@ -143,7 +144,7 @@ async def run_process(
     )
 
 
-def _not_started(argv: Sequence[str], cwd: Path, exc: OSError) -> ProcessNotStartedError:
+def not_started(argv: Sequence[str], cwd: Path, exc: OSError) -> ProcessNotStartedError:
     if not cwd.is_dir():  # say so, rather than blame the command
         return ProcessNotStartedError(
             f"the agent's working directory {str(cwd)!r} does not exist "
@@ -207,14 +208,20 @@ class _Pipes(asyncio.SubprocessProtocol):
             self.closed.set_result(None)
 
     def output(self) -> str:
-        text = self.out.decode("utf-8", errors="replace")
-        dropped = self.out_total - len(self.out)
-        if dropped:
-            text += (
-                f"\n[corral: output truncated: kept the first {len(self.out)} bytes, "
-                f"dropped {dropped} more]\n"
-            )
-        return text
+        return output_text(bytes(self.out), self.out_total)
+
+
+def output_text(kept: bytes, total: int) -> str:
+    """The first bytes of a stdout as text (undecodable bytes replaced), with a line saying
+    how many more of its ``total`` bytes were dropped, when some were."""
+    text = kept.decode("utf-8", errors="replace")
+    dropped = total - len(kept)
+    if dropped > 0:
+        text += (
+            f"\n[corral: output truncated: kept the first {len(kept)} bytes, "
+            f"dropped {dropped} more]\n"
+        )
+    return text
 
 
 def _feed(transport: asyncio.SubprocessTransport, data: bytes) -> None:
@@ -241,14 +248,6 @@ async def _wait_through_cancellation(future: asyncio.Future[None], within_s: flo
             cancelled = True
     if cancelled:
         raise asyncio.CancelledError
-
-
-def _kill_group(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
 
 
 # --- the pid file -------------------------------------------------------------------------
@@ -282,27 +281,6 @@ def _remove(path: Path) -> None:
         os.unlink(path)
 
 
-def _write_pid_file(path: Path, pid: int, record: Mapping[str, Any]) -> None:
-    start = _start_time(pid)
-    if start is None:
-        return  # already gone (or no /proc): nothing a crash could leave behind
-    data = {**record, "pid": pid, "startTime": start, "bootId": _boot_id()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, json.dumps(data).encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def _reap_recorded(raw: str) -> bool:
     try:
         record: Any = json.loads(raw)
@@ -311,41 +289,36 @@ def _reap_recorded(raw: str) -> bool:
         boot = record.get("bootId")
     except (ValueError, TypeError, KeyError, AttributeError):
         return False
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1:
+    if not _is_pid(pid):
         return False
-    if boot is not None and boot != _boot_id():
+    if boot is not None and boot != boot_id():
         return False  # another boot: every pid of the file is someone else's
-    current = _start_time(pid)
+    killed = _kill_recorded(pid, start)
+    # The command harness's launcher (see _launch), which waits on the command.
+    launcher = record.get("launcher")
+    lpid = launcher.get("pid") if isinstance(launcher, dict) else None
+    if isinstance(launcher, dict) and isinstance(lpid, int) and _is_pid(lpid):
+        lstart = launcher.get("startTime")
+        if lstart is not None and start_time(lpid) == lstart:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(lpid, signal.SIGKILL)
+                killed = True
+    return killed
+
+
+def _is_pid(pid: Any) -> bool:
+    return isinstance(pid, int) and not isinstance(pid, bool) and pid > 1
+
+
+def _kill_recorded(pid: int, start: Any) -> bool:
+    current = start_time(pid)
     if current is None:
         # The leader is gone; a group of that id can only be its own leftovers.
-        return _kill_group(pid)
+        return kill_group(pid)
     if current != start:
         return False  # the pid was reused
-    killed = _kill_group(pid)
+    killed = kill_group(pid)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, signal.SIGKILL)  # in case it left its group
         killed = True
     return killed
-
-
-def _start_time(pid: int) -> int | None:
-    """Field 22 of ``/proc/<pid>/stat`` (clock ticks since boot), None when unreadable."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: count after the last ')'.
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
-
-
-def _boot_id() -> str | None:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
