@@ -372,7 +372,12 @@ async def test_reap_kills_the_leftover_of_a_daemon_killed_mid_turn(tmp_path: Pat
     workdir.mkdir()
     daemon = popen(sys.executable, str(WORKERS / "turn_then_die.py"), str(state_dir), str(workdir))
     try:
-        await settle(lambda: (workdir / "pids.json").exists() and (state_dir / PID_FILE).exists())
+        # Three processes start in a row (stand-in daemon, launcher, command): a loaded
+        # machine needs more than the default bound.
+        await settle(
+            lambda: (workdir / "pids.json").exists() and (state_dir / PID_FILE).exists(),
+            within_s=20,
+        )
     finally:
         daemon.kill()
         daemon.wait()
@@ -381,7 +386,7 @@ async def test_reap_kills_the_leftover_of_a_daemon_killed_mid_turn(tmp_path: Pat
         assert not gone(pids["child"])
         assert not gone(pids["grandchild"])
         assert await CommandHarness().reap("a_doomed00", state_dir) is True
-        await settle(lambda: gone(pids["child"]) and gone(pids["grandchild"]))
+        await settle(lambda: gone(pids["child"]) and gone(pids["grandchild"]), within_s=20)
     finally:
         for pid in pids.values():
             kill_quietly(pid)
