@@ -13,6 +13,8 @@ same rules (no HTTP), the same way.
 from __future__ import annotations
 
 import asyncio
+import functools
+import http.client
 import os
 import secrets
 import statistics
@@ -59,6 +61,9 @@ THREE_REGEX = [
     {"match": {"regex": r"(?i)\bdeploy(s|ed|ing)?\b"}, "verdict": "ask"},
     {"match": {"regex": r"(?i)\brm\s+-[a-z]*r[a-z]*f"}, "verdict": "block"},
 ]
+HEALTHZ = "`GET /healthz` (no token check)"
+LEAN = "`GET /healthz`, `http.client` instead of httpx (for scale)"
+NO_RULES = "check, no rules"
 ACTION = "list the files in /srv/app/logs"
 BLOCKED = "drop table users"
 
@@ -85,9 +90,9 @@ def cases(ids: dict[str, str]) -> list[Case]:
         return Case(label, "POST", f"/agents/{ids[agent]}/actions", {"action": action}, expect)
 
     return [
-        Case("`GET /healthz` (no token check)", "GET", "/healthz"),
+        Case(HEALTHZ, "GET", "/healthz"),
         Case("`GET /agents/{id}` (token checked)", "GET", f"/agents/{ids['none']}"),
-        check("check, no rules", "none", ACTION, "allowed"),
+        check(NO_RULES, "none", ACTION, "allowed"),
         check("check, 3 rules (block, ask, block), none match", "three", ACTION, "allowed"),
         check("check, 3 rules (block, warn, block), none match", "three-no-ask", ACTION, "allowed"),
         check("check, 3 allow rules, the 3rd matches", "three-allow", ACTION, "allowed"),
@@ -161,14 +166,31 @@ def http_figures(tmp: Path) -> tuple[dict[str, list[float]], list[Case]]:
                     raise RuntimeError(f"{case.label}: {response.json()}")
                 for _ in range(WARMUP):
                     client.request(case.method, case.path, json=case.body)
-            samples: dict[str, list[float]] = {case.label: [] for case in measured}
-            plan = [(c.method, c.path, c.body, samples[c.label]) for c in measured]
+            # For scale: the same healthz through the standard library's leaner client.
+            lean = http.client.HTTPConnection(client.base_url.host, client.base_url.port)
+            measured.insert(1, Case(LEAN, "GET", "/healthz"))
+
+            def lean_healthz() -> None:
+                lean.request("GET", "/healthz")
+                lean.getresponse().read()
+
+            for _ in range(WARMUP):
+                lean_healthz()
             send, clock = client.request, time.perf_counter
+            calls: list[Callable[[], object]] = [
+                lean_healthz
+                if case.label == LEAN
+                else functools.partial(send, case.method, case.path, json=case.body)
+                for case in measured
+            ]
+            samples: dict[str, list[float]] = {case.label: [] for case in measured}
+            plan = [(call, samples[case.label]) for call, case in zip(calls, measured, strict=True)]
             for _ in range(REQUESTS):  # one request of each case in turn
-                for method, path, body, times in plan:
+                for call, times in plan:
                     started = clock()
-                    send(method, path, json=body)
+                    call()
                     times.append(clock() - started)
+            lean.close()
     finally:
         process.terminate()
         process.wait(10)
@@ -218,7 +240,7 @@ def main() -> None:
         samples, measured = http_figures(Path(tmp))
         local = asyncio.run(in_process_figures(Path(tmp)))
     p50s = {case.label: summary(samples[case.label])[0] for case in measured}
-    health, plain = p50s[measured[0].label], p50s[measured[2].label]
+    health, plain = p50s[HEALTHZ], p50s[NO_RULES]
 
     def share(extra: float) -> str:
         return f"{extra:+,.0f} us ({extra / health * 100:+.0f} %)"
