@@ -55,7 +55,7 @@ THREE_ALLOW = [
     {"match": "read", "verdict": "allow"},
     {"match": "list", "verdict": "allow"},
 ]
-# The first three as regexes, as written in docs/daemon.md.
+# The three as regexes (Python's syntax; `(?i)` ignores case).
 THREE_REGEX = [
     {"match": {"regex": r"(?i)\bdrop\s+table\b"}, "verdict": "block"},
     {"match": {"regex": r"(?i)\bdeploy(s|ed|ing)?\b"}, "verdict": "ask"},
