@@ -18,7 +18,7 @@ from corral.daemon._errors import (
     InvalidRequestError,
     OutOfScopeError,
 )
-from corral.daemon.guardrails import parse_rules
+from corral.daemon.guardrails import may_ask, parse_rules
 from corral.runtime import FakeClock
 from tests.daemon.conftest import MakeService, OpenSQLite
 from tests.support.harness import ScriptedHarness, fail
@@ -341,3 +341,25 @@ async def test_an_agent_never_answers_its_own_decision_and_a_parent_only_when_al
     with pytest.raises(DecisionNotFoundError):  # beyond its reach: not even seen
         await api.as_agent(lead).answer(theirs["decision"], "approve")
     assert [d["id"] for d in await api.as_agent(plain).decisions()] == [theirs["decision"]]
+
+
+def test_may_ask_tells_whether_a_person_could_be_asked() -> None:
+    rules = parse_rules(
+        [
+            {"match": "drop table", "verdict": "block"},
+            {"match": "Deploy", "verdict": "ask"},
+            {"match": {"regex": "^restart (web|db)$"}, "verdict": "ask"},
+        ]
+    )
+    assert may_ask(rules, "deploy web")  # substrings ignore case
+    assert may_ask(rules, "restart db")
+    assert not may_ask(rules, "restart cache")
+    assert not may_ask(rules, "drop table users")  # blocks, but asks nobody
+
+
+async def test_an_ask_rule_that_does_not_match_opens_nothing(service: AgentService) -> None:
+    agent = await _agent(service, guardrails=DEPLOY_ASKS)
+    verdict = await service.check_action(agent, "read the logs", wait_s=0)
+    assert (verdict.verdict, verdict.decision) == ("allowed", None)
+    assert service.decisions() == []
+    assert service.decisions(resolved=True) == []

@@ -65,6 +65,7 @@ from corral.daemon.guardrails import (
     check_custom,
     effective_rules,
     evaluate,
+    may_ask,
     rule_to_json,
 )
 from corral.daemon.harnesses import AdoptingHarness, Harness, TurnResult, WarmHarness
@@ -623,7 +624,8 @@ class AgentService:
         context = _approvals.check_input(action, context, wait_s)
         self._live(agent_id)
         rules = self.rules_of(agent_id)
-        if not any(getattr(rule.rule, "verdict", None) == "ask" for rule in rules):
+        if not may_ask(rules, action):
+            # No person can be asked: no decision, no task, no waiting.
             return _approvals.verdict_of(
                 await evaluate(rules, agent_id, action, context, _never_asks), None
             )

@@ -246,11 +246,12 @@ class ApiRoute:
         )
 
 
-def check_parameters(request: Request) -> None:
+async def check_parameters(request: Request) -> None:
     """Refuse (400 ``invalid_request``) a query parameter the route does not declare, and a
     query or path parameter holding what no identifier may (control characters, NUL, lone
     surrogates): unknown body fields are refused too, so a misspelt parameter is never
-    silently ignored. Runs before the endpoint, on every route of the API."""
+    silently ignored. Runs before the endpoint, on every route of the API (async: a plain
+    function would be sent to a worker thread on every request)."""
     route = request.scope.get("route")
     dependant = getattr(route, "dependant", None)
     declared = {p.alias for p in dependant.query_params} if dependant is not None else set()

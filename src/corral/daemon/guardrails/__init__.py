@@ -16,6 +16,7 @@ from corral.daemon.guardrails._evaluate import (
     OnAsk,
     action_problems,
     evaluate,
+    may_ask,
 )
 from corral.daemon.guardrails._parse import MAX_FILE_BYTES, load_rules_file, parse_rules
 from corral.daemon.guardrails._regex import (
@@ -74,6 +75,7 @@ __all__ = [
     "check_custom",
     "effective_rules",
     "evaluate",
+    "may_ask",
     "has_custom",
     "load_rules_file",
     "parse_rules",

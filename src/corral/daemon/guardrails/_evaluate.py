@@ -235,6 +235,24 @@ def _effective(given: object, position: int) -> EffectiveRule:
     )
 
 
+def may_ask(rules: Sequence[Rule | EffectiveRule], action: str) -> bool:
+    """Whether checking ``action`` could ask a person: some ``ask`` rule matches it (a regex
+    that takes too long counts as a match, so the check that follows decides). A check for
+    which this is False never calls ``on_ask``, so a caller can skip what it sets up for
+    people."""
+    search = Search(action)
+    for item in rules:
+        rule = item.rule if isinstance(item, EffectiveRule) else item
+        if not isinstance(rule, MatchRule) or rule.verdict != "ask":
+            continue
+        try:
+            if _matches(search, rule, "ask rule", action):
+                return True
+        except RegexTooSlowError:
+            return True
+    return False
+
+
 def _matches(search: Search, rule: MatchRule, name: str, action: str) -> bool:
     if isinstance(rule.match, str):
         return search.contains(rule.match)
