@@ -506,3 +506,8 @@ def test_a_worker_waiting_in_corral_check_gets_its_verdict_after_a_kill_9(
         allowed = until(api, restarted.allow, "idle", "failed")
         assert allowed["state"] == "idle", allowed["lastError"]
         assert allowed["lastOutput"] == "done: deploy api\n"
+        # Each worker had its verdict from the approval it waited on: nobody was asked again.
+        for agent_id in (restarted.deny, restarted.allow):
+            assert decisions(api, agent_id) == []
+            answered = decisions(api, agent_id, resolved=True)
+            assert [d["id"] for d in answered] == [restarted.decisions[agent_id]]

@@ -46,9 +46,10 @@ def wait_for(condition: Callable[[], Any], what: str, *, within_s: float = WAIT_
 
 
 class ServeProcess:
-    """``corral serve --port 0`` over ``<tmp>/corral.db`` with home ``<tmp>/home`` (both kept
+    """``corral serve`` over ``<tmp>/corral.db`` with home ``<tmp>/home`` (both kept
     across :meth:`start` calls, so a restart finds the same store and token); ``args`` are
-    added to its command line."""
+    added to its command line. The first start takes a port the OS chooses, a restart the
+    same one: the agents it started call back to the URL they were given."""
 
     def __init__(self, tmp_path: Path, *args: str) -> None:
         self.tmp_path = tmp_path
@@ -58,6 +59,7 @@ class ServeProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = tmp_path / "serve-0.log"
         self.url = ""
+        self.port = 0
 
     @property
     def command(self) -> list[str]:
@@ -65,7 +67,7 @@ class ServeProcess:
             *CLI,
             "serve",
             "--port",
-            "0",
+            str(self.port),
             "--store",
             self.store,
             "--home",
@@ -90,6 +92,7 @@ class ServeProcess:
             return found.group(1) if found else None
 
         self.url = wait_for(listening, "corral serve to listen", within_s=START_BOUND_S)
+        self.port = int(self.url.rsplit(":", 1)[1])
         return self
 
     def log(self) -> str:
