@@ -9,6 +9,7 @@ start, and each test works with agents of its own. Every wait polls with a bound
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -45,6 +46,9 @@ ORG_RULES = [
     {"match": "drop database", "verdict": "block", "reason": "the organisation keeps its data"}
 ]
 ASK_DEPLOY = {"match": "deploy", "verdict": "ask", "reason": "deploys need a person"}
+
+# A test that starts the shared daemon waits for it to import and listen: seconds.
+pytestmark = pytest.mark.timeout(60)
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -115,7 +119,8 @@ def decisions(api: httpx.Client, agent_id: str, *, resolved: bool = False) -> li
 
 def waiting_on(api: httpx.Client, agent_id: str) -> dict[str, Any]:
     """The pending approval ``agent_id`` waits on, once it waits (``waiting``, naming it)."""
-    rec = until(api, agent_id, "waiting")
+    rec = until(api, agent_id, "waiting", "idle", "failed", "blocked")
+    assert rec["state"] == "waiting", rec["lastError"]
     (found,) = decisions(api, agent_id)
     assert rec["decision"] == found["id"]
     return found
@@ -140,25 +145,32 @@ def when(stamp: str) -> datetime:
     return datetime.fromisoformat(stamp)
 
 
-def cli_as_agent(
-    daemon: ServeProcess, agent_id: str, *args: str
-) -> subprocess.CompletedProcess[str]:
-    """The command line run as the agent runs it: URL, token and id from the environment."""
+def agent_env(daemon: ServeProcess, agent_id: str) -> dict[str, str]:
+    """The environment the command line has inside an agent: URL, token and id."""
     env = {k: v for k, v in os.environ.items() if k not in ("CORRAL_TOKEN", "CORRAL_HOME")}
-    env |= {
+    return env | {
         "CORRAL_URL": daemon.url,
         "CORRAL_TOKEN": daemon.agent_token(agent_id),
         "CORRAL_AGENT_ID": agent_id,
     }
+
+
+def cli_as_agent(
+    daemon: ServeProcess, agent_id: str, *args: str
+) -> subprocess.CompletedProcess[str]:
+    """The command line run as the agent runs it."""
     return subprocess.run(
-        [*CLI, *args], env=env, capture_output=True, text=True, timeout=WAIT_BOUND_S
+        [*CLI, *args],
+        env=agent_env(daemon, agent_id),
+        capture_output=True,
+        text=True,
+        timeout=WAIT_BOUND_S,
     )
 
 
 # --- a shell worker asks, a person answers -----------------------------------------------------
 
 
-@pytest.mark.timeout(60)
 def test_a_shell_worker_waits_for_approval_and_finishes(api: httpx.Client) -> None:
     rule = {**ASK_DEPLOY, "timeoutS": 600, "onTimeout": "deny"}
     worker_id = worker(api, "deploy web to prod", rule)
@@ -186,7 +198,6 @@ def test_a_shell_worker_waits_for_approval_and_finishes(api: httpx.Client) -> No
     assert "'approve' by operator" in refused(again, 409, "decision_answered")
 
 
-@pytest.mark.timeout(60)
 def test_a_denied_worker_fails_its_turn_saying_who_denied_it_and_why(api: httpx.Client) -> None:
     worker_id = worker(api, "deploy web to prod", ASK_DEPLOY)
     asked = waiting_on(api, worker_id)
@@ -208,7 +219,6 @@ def test_a_denied_worker_fails_its_turn_saying_who_denied_it_and_why(api: httpx.
     )
 
 
-@pytest.mark.timeout(60)
 def test_a_deadline_answers_as_on_timeout_says(api: httpx.Client) -> None:
     deny = worker(api, "deploy web", {**ASK_DEPLOY, "timeoutS": 1}, name="deny")
     allow = worker(api, "deploy api", {**ASK_DEPLOY, "timeoutS": 1, "onTimeout": "allow"})
@@ -276,7 +286,6 @@ def test_daemon_rules_come_before_an_agents_own_allow(
     }
 
 
-@pytest.mark.timeout(60)
 def test_a_bad_rules_file_stops_corral_serve(tmp_path: Path) -> None:
     rules = tmp_path / "rules.json"
     rules.write_text(json.dumps([{"match": "deploy", "verdict": "maybe"}]))
@@ -313,7 +322,6 @@ def tool_answers(server: OpenAIServer) -> list[str]:
     return [m["content"] for m in messages if m["role"] == "tool"]
 
 
-@pytest.mark.timeout(60)
 def test_a_blocked_tool_call_never_runs_and_the_model_is_told(
     api: httpx.Client, openai_server: OpenAIServer
 ) -> None:
@@ -331,7 +339,6 @@ def test_a_blocked_tool_call_never_runs_and_the_model_is_told(
     assert decisions(api, model, resolved=True) == []
 
 
-@pytest.mark.timeout(60)
 def test_a_tool_call_that_asks_waits_for_a_person_then_runs(
     api: httpx.Client, openai_server: OpenAIServer
 ) -> None:
@@ -361,7 +368,6 @@ def test_a_tool_call_that_asks_waits_for_a_person_then_runs(
 PRINT_TOKEN = f'printf %s "$CORRAL_TOKEN" > agent-token; {WORKER}'
 
 
-@pytest.mark.timeout(60)
 def test_an_agents_token_is_refused_beyond_its_reach(
     daemon: ServeProcess, api: httpx.Client
 ) -> None:
@@ -439,19 +445,38 @@ class Restarted:
     deny: str  # a shell worker waiting in `corral check`, onTimeout deny
     allow: str  # the same, onTimeout allow
     idle: str  # an idle agent that asked over HTTP
+    asker: str  # an idle agent whose `corral check` (run by the test) waited
+    check: subprocess.Popen[bytes]  # that `corral check`
+    check_stderr: Path
     decisions: dict[str, str]  # agent id -> its approval's id
 
 
 @pytest.fixture(scope="module")
 def restarted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Restarted]:
-    served = ServeProcess(tmp_path_factory.mktemp("restart")).start()
+    """Two shell workers wait in ``corral check`` and an idle agent's approval is pending
+    when the daemon is killed; it starts again (on the same port, which the workers call)
+    once every deadline has passed. Meanwhile a ``corral check`` of a third agent, run by
+    the test, waits too."""
+    where = tmp_path_factory.mktemp("restart")
+    served = ServeProcess(where).start()
+    check: subprocess.Popen[bytes] | None = None
     try:
         rule = {**ASK_DEPLOY, "timeoutS": 4}
         with served.client() as api:
             deny = worker(api, "deploy web", rule, name="deny")
             allow = worker(api, "deploy api", {**rule, "onTimeout": "allow"}, name="allow")
             idle = spawn(api, name="idle", command=["true"], guardrails=[rule])
+            asker = spawn(api, name="asker", command=["true"], guardrails=[rule])
+            stderr = where / "check.err"
+            with stderr.open("wb") as err:
+                check = subprocess.Popen(
+                    [*CLI, "check", "deploy docs"],
+                    env=agent_env(served, asker),
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                )
             asked = {deny: waiting_on(api, deny), allow: waiting_on(api, allow)}
+            (asked[asker],) = wait_for(lambda: decisions(api, asker), "the check's approval")
         with served.client(served.agent_token(idle)) as own:
             answer = own.post(f"/agents/{idle}/actions", json={"action": "deploy db"})
             assert answer.status_code == 202, answer.text
@@ -467,8 +492,17 @@ def restarted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Restarted]:
         assert datetime.now(UTC) < first, "too slow: a deadline passed before the kill"
         wait_for(lambda: datetime.now(UTC) > last, "the deadlines to pass with no daemon")
         served.start()
-        yield Restarted(served, deny, allow, idle, {k: v["id"] for k, v in asked.items()})
+        ids = {k: v["id"] for k, v in asked.items()}
+        yield Restarted(served, deny, allow, idle, asker, check, stderr, ids)
     finally:
+        if check is not None and check.poll() is None:
+            check.kill()
+            check.wait(WAIT_BOUND_S)
+        if served.proc is not None and served.proc.poll() is not None:
+            # Killed and not started again: a start ends the turns left behind (their
+            # `corral check` would otherwise retry for good), and the stop below the rest.
+            with contextlib.suppress(AssertionError):
+                served.start()
         served.stop()
 
 
@@ -488,6 +522,21 @@ def test_a_deadline_passed_while_the_daemon_was_down_is_applied_at_start(
     assert verdict.status_code == 200, verdict.text
     assert verdict.json()["verdict"] == "blocked"
     assert verdict.json()["reason"].startswith("nobody answered approval")
+
+
+@pytest.mark.timeout(90)
+def test_a_check_cut_short_by_a_kill_9_gets_the_verdict_of_the_same_approval(
+    restarted: Restarted,
+) -> None:
+    returncode = restarted.check.wait(WAIT_BOUND_S)
+    said = restarted.check_stderr.read_text()
+    assert returncode == 1, said
+    approval = restarted.decisions[restarted.asker]
+    assert said.startswith(f"blocked: nobody answered approval {approval} before its deadline")
+    with restarted.daemon.client() as api:
+        assert decisions(api, restarted.asker) == []  # it was not asked again
+        (answered,) = decisions(api, restarted.asker, resolved=True)
+    assert (answered["id"], answered["answer"], answered["timedOut"]) == (approval, "deny", True)
 
 
 @pytest.mark.timeout(90)
