@@ -210,7 +210,11 @@ async def _check(
     while True:
         try:
             if verdict is None:
-                verdict = await api.check_action(agent, action, context, wait_s=left())
+                # Ask without waiting, so the decision's id is known before any wait: a
+                # daemon that dies during the wait is then asked for that decision's verdict
+                # when it is back, rather than asked afresh (a second approval for the
+                # person, and its full timeout again).
+                verdict = await api.check_action(agent, action, context, wait_s=0.0)
             else:
                 verdict = await api.action_verdict(str(verdict["decision"]), wait_s=left())
             delay = _RETRY_FIRST_S
