@@ -363,3 +363,26 @@ async def test_an_ask_rule_that_does_not_match_opens_nothing(service: AgentServi
     assert (verdict.verdict, verdict.decision) == ("allowed", None)
     assert service.decisions() == []
     assert service.decisions(resolved=True) == []
+
+
+async def test_a_deadline_passed_while_down_is_timed_out_before_the_turn_is_interrupted(
+    make_service: MakeService, open_sqlite: OpenSQLite
+) -> None:
+    # A harness that cannot adopt a turn: the waiting turn is interrupted at the next
+    # start, but its approval's deadline passed first, and the record says so.
+    clock = FakeClock()
+    store = await open_sqlite()
+    first = await make_service(store, harness=AskingHarness(), clock=clock)
+    rules = [{"match": "deploy", "verdict": "ask", "timeoutS": 60}]
+    agent = await _agent(first, guardrails=rules, prompt="deploy")
+    await settle(lambda: first.get(agent)["state"] == "waiting")
+    await first.close()
+    await store.close()
+    clock.advance(120)
+    store = await open_sqlite()
+    second = await make_service(store, harness=AskingHarness(), clock=clock)
+    (answered,) = second.decisions(resolved=True)
+    assert (answered["answer"], answered["timedOut"], answered["by"]) == ("deny", True, "corral")
+    rec = second.get(agent)
+    assert rec["lastError"] == "daemon restarted during turn"
+    assert rec["state"] == "failed"  # its policy (fail) applies to the interrupted turn

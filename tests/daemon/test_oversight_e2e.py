@@ -540,7 +540,6 @@ def test_a_check_cut_short_by_a_kill_9_gets_the_verdict_of_the_same_approval(
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.xfail(strict=False, reason="needs adoption of waiting turns")
 def test_a_worker_waiting_in_corral_check_gets_its_verdict_after_a_kill_9(
     restarted: Restarted,
 ) -> None:

@@ -208,14 +208,34 @@ class AgentService:
         failed ("daemon restarted during turn").
         """
         async with self._mutex:
+            # Which turns to adopt is decided first, from the state the last daemon left:
+            # applying a passed deadline below moves a waiting agent back to running.
+            adopt = {
+                rec["id"]
+                for rec in self.store.state.agents.values()
+                if rec["turnInFlight"] is not None
+                and rec["state"] == "waiting"
+                and isinstance(self.harnesses.get(self._spec(rec["id"]).harness), AdoptingHarness)
+            }
+            # Approvals still pending: a deadline that passed while no daemon ran is applied
+            # now (recorded as timed out, before an interrupted turn could withdraw it), the
+            # others are timed again.
+            for found in list(self.store.state.decisions.values()):
+                if found["kind"] != "approval":
+                    continue
+                if "checkId" in found and "ruleIndex" in found:
+                    self._by_check[(found["checkId"], found["ruleIndex"])] = found["id"]
+                if found["state"] == "pending":
+                    await self._time_approval(found, locked=True)
             for rec in list(self.store.state.agents.values()):
                 turn = rec["turnInFlight"]
                 if turn is None:
                     continue
                 harness = self.harnesses.get(self._spec(rec["id"]).harness)
-                if rec["state"] == "waiting" and isinstance(harness, AdoptingHarness):
-                    # Waiting from now on: the pause clock starts with the adoption.
-                    self.pauses(rec["id"]).waiting(True)
+                if rec["id"] in adopt and isinstance(harness, AdoptingHarness):
+                    if rec["state"] == "waiting":
+                        # Waiting from now on: the pause clock starts with the adoption.
+                        self.pauses(rec["id"]).waiting(True)
                     self._start_turn(rec["id"], self._adopt_turn(rec["id"], turn, harness))
                     continue
                 if harness is not None:
@@ -225,15 +245,6 @@ class AgentService:
                     except Exception:
                         logger.exception("agent %s: could not end a leftover process", rec["id"])
                 await self._interrupted(rec, turn)
-            # Approvals still pending: a deadline that passed while no daemon ran is applied
-            # now (recorded as timed out), the others are timed again.
-            for found in list(self.store.state.decisions.values()):
-                if found["kind"] != "approval":
-                    continue
-                if "checkId" in found and "ruleIndex" in found:
-                    self._by_check[(found["checkId"], found["ruleIndex"])] = found["id"]
-                if found["state"] == "pending":
-                    await self._time_approval(found, locked=True)
 
     async def close(self) -> None:
         """Stop running turns (their processes are ended; nothing is written for them, so the
