@@ -36,8 +36,9 @@ _RESULT_KEYS = frozenset({"output", "tokens", "costUsd"})
 DEFAULT_MAX_MEMORY_BYTES = 1024**3
 """A worker process's address-space limit unless told: 1 GiB."""
 
-PRELOAD = ("corral.daemon",)
-"""What the worker processes' fork server imports once (what agent modules usually import)."""
+PRELOAD = ("corral.daemon", "corral.daemon.harnesses", "corral.agent", "corral.runtime")
+"""What the worker processes' fork server imports once (what agent modules usually import:
+``corral.daemon`` itself imports its names on first use)."""
 
 DEFAULT_IDLE_S = 60.0
 """How long an agent's worker is kept without a turn unless told."""
