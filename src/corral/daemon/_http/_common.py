@@ -181,19 +181,28 @@ class RequestBody(BaseModel):
         raw = await read_body(request)
         if raw is None and cls.required:
             raw = b"{}"
-        if raw is not None:
-            try:  # lone surrogates, named by field (pydantic's message is obscure)
-                json_value(raw)
-            except InvalidSpecError as exc:
-                raise InvalidRequestError(exc.problems, cls.what) from None
+        # Lone surrogates are named by field (pydantic's message is obscure); JSON can only
+        # spell one as a \u escape, so a body without one skips that parse.
+        if raw is not None and b"\\u" in raw:
+            cls._parsed(raw)
         try:
             body = cls() if raw is None else cls.model_validate_json(raw)
         except pydantic.ValidationError as exc:
+            if raw is not None:
+                cls._parsed(raw)  # malformed JSON is told as the other bodies tell it
             raise InvalidRequestError(problems_of(exc), cls.what) from None
         problems = json_problems(body.model_dump(by_alias=True, exclude_none=True))
         if problems:
             raise InvalidRequestError(problems, cls.what)
         return body
+
+    @classmethod
+    def _parsed(cls, raw: bytes) -> None:
+        """Refuse malformed JSON and lone surrogates with their own messages."""
+        try:
+            json_value(raw)
+        except InvalidSpecError as exc:
+            raise InvalidRequestError(exc.problems, cls.what) from None
 
 
 def request_body_schema(model: type[BaseModel], *, required: bool) -> dict[str, Any]:
