@@ -36,6 +36,7 @@ from corral.daemon.harnesses._process import (
     not_started,
     output_text,
     reap_pid_file,
+    wait_through_cancellation,
 )
 from corral.daemon.harnesses._timer import TurnTimer
 
@@ -298,7 +299,7 @@ async def _end(watch: _Launcher, launcher_pid: int) -> None:
     # Until the launcher names its command (a moment after it starts) there is nothing to
     # kill but the launcher, which would leave the command running: wait for the name.
     try:
-        await _through_cancellation(watch.command, _REAP_S)
+        await wait_through_cancellation(watch.command, _REAP_S)
     except asyncio.CancelledError:
         cancelled = True
     command = watch.command.result() if watch.command.done() else None
@@ -311,24 +312,9 @@ async def _end(watch: _Launcher, launcher_pid: int) -> None:
     if not watch.exited.done():
         kill_group(launcher_pid)  # the launcher is alone in its group
     try:
-        await _through_cancellation(watch.exited, _REAP_S)
+        await wait_through_cancellation(watch.exited, _REAP_S)
     except asyncio.CancelledError:
         cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
-
-
-async def _through_cancellation(future: asyncio.Future[Any], within_s: float) -> None:
-    """Wait up to ``within_s`` seconds for ``future``; a cancellation meanwhile does not cut
-    the wait short and is raised afterwards."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within_s
-    cancelled = False
-    while not future.done() and (left := deadline - loop.time()) > 0:
-        try:
-            await asyncio.wait({future}, timeout=left)
-        except asyncio.CancelledError:
-            cancelled = True
     if cancelled:
         raise asyncio.CancelledError
 

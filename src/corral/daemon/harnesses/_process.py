@@ -131,7 +131,7 @@ async def run_process(
         try:
             if not pipes.exited.done():
                 kill_group(pid)
-                await _wait_through_cancellation(pipes.exited, _REAP_S)
+                await wait_through_cancellation(pipes.exited, _REAP_S)
         finally:
             transport.close()  # closes the pipes; kills the child if still there
             if pid_file is not None:
@@ -235,7 +235,7 @@ def _feed(transport: asyncio.SubprocessTransport, data: bytes) -> None:
     stdin.close()
 
 
-async def _wait_through_cancellation(future: asyncio.Future[None], within_s: float) -> None:
+async def wait_through_cancellation(future: asyncio.Future[Any], within_s: float) -> None:
     """Wait up to ``within_s`` seconds for ``future``; a cancellation meanwhile does not cut
     the wait short and is raised afterwards."""
     loop = asyncio.get_running_loop()
