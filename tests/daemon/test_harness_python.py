@@ -8,8 +8,10 @@ import contextlib
 import json
 import os
 import sys
+import time
 import types
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -344,3 +346,33 @@ async def _until(check: Callable[[], Awaitable[bool]], within_s: float = 30.0) -
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"not within {within_s} s")
+
+
+def _waiting_since(offset_s: float) -> Callable[[], float]:
+    """``paused_s`` of a turn that waits on a person from ``offset_s`` seconds after now."""
+    since = time.monotonic() + offset_s
+    return lambda: max(0.0, time.monotonic() - since)
+
+
+async def test_time_waiting_on_a_person_does_not_count_against_the_timeout(
+    tmp_path: Path,
+) -> None:
+    # The function runs 1.2 s on a 0.5 s timeout, but from 0.1 s on it waits on a person.
+    req = replace(
+        request(tmp_path, "naps", prompt="1.2", timeout_s=0.5), paused_s=_waiting_since(0.1)
+    )
+    result = await make().run_turn(req)
+    assert result.output == "napped 1.2"
+
+
+async def test_with_pauses_given_the_timeout_still_kills_the_worker(tmp_path: Path) -> None:
+    req = replace(request(tmp_path, "sleeps", timeout_s=0.5), paused_s=lambda: 0.0)
+    req.workdir.mkdir()
+    with pytest.raises(TurnFailedError) as caught:
+        await make().run_turn(req)
+    assert caught.value.message == (
+        "turn timed out after 0.5 s; its worker process was killed at the turn timeout"
+    )
+    pid = _pid(req.workdir)
+    assert pid is not None
+    await settle(lambda: not _alive(pid))

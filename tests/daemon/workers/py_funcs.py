@@ -139,3 +139,9 @@ def moods(prompt: str, context: TurnContext) -> str:
     if prompt == "hog":
         return hog(prompt, context)
     return f"{os.getpid()} {_turns_seen}"
+
+
+def naps(prompt: str, context: TurnContext) -> str:
+    """Sleeps as many seconds as the prompt says, then says so."""
+    time.sleep(float(prompt))
+    return f"napped {prompt}"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.daemon.harnesses._base import TurnFailedError, TurnRequest, TurnResult
+from corral.daemon.harnesses._timer import TurnTimer
 from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError
 from corral.kernel import _validate as v
 from corral.resilience import (
@@ -39,6 +40,8 @@ DEFAULT_MAX_MEMORY_BYTES = 1024**3
 PRELOAD = ("corral.daemon", "corral.daemon.harnesses", "corral.agent", "corral.runtime")
 """What the worker processes' fork server imports once (what agent modules usually import:
 ``corral.daemon`` itself imports its names on first use)."""
+
+_BACKSTOP_S = 30 * 24 * 3600.0  # a turn's worker limit when the turn's timer pauses
 
 DEFAULT_IDLE_S = 60.0
 """How long an agent's worker is kept without a turn unless told."""
@@ -90,8 +93,8 @@ class PythonHarness:
     message names the exception type and its message; ``SystemExit`` and
     ``KeyboardInterrupt`` included); it returns anything else, or something that cannot be
     sent back (the message says what); it runs longer than ``request.timeout_s`` ("turn
-    timed out after N s", its process killed; all its time counts, ``request.paused_s`` is
-    not looked at); it goes over its memory limit ("over its
+    timed out after N s", its process killed; time it spends waiting on a person,
+    ``request.paused_s``, does not count); it goes over its memory limit ("over its
     memory limit of N bytes"); its process ends without answering ("worker process exited
     with code N", "was killed by signal SIGSEGV": ``os._exit``, a crash in C code).
     """
@@ -150,9 +153,12 @@ class PythonHarness:
         )
         kept = await self._worker_for(request.agent_id)
         try:
-            ran = await kept.worker.run(
-                _Turn(target, context), request.prompt, timeout_s=request.timeout_s
-            )
+            if request.paused_s is None:
+                ran = await kept.worker.run(
+                    _Turn(target, context), request.prompt, timeout_s=request.timeout_s
+                )
+            else:
+                ran = await self._run_pausing(kept, _Turn(target, context), request)
         finally:
             kept.used = self.clock.monotonic()
             if kept.worker.ended and self._workers.get(request.agent_id) is kept:
@@ -166,6 +172,24 @@ class PythonHarness:
         raise TurnFailedError(
             outcome.message, usage=outcome.usage, dimension=outcome.dimension, **outcome.details
         )
+
+    async def _run_pausing(self, kept: Any, turn: Any, request: TurnRequest) -> Any:
+        """Run the turn under a :class:`TurnTimer`: time the turn spends waiting on a person
+        (``request.paused_s``) does not count against ``request.timeout_s``. Reaching the
+        limit cancels the run, which kills the worker process, as the worker's own timeout
+        does."""
+        timer = TurnTimer(request.timeout_s, request.paused_s, clock=self.clock)
+        try:
+            async with timer.limit() as scope:
+                # The worker's own limit only backs the timer up: it cannot see the pauses.
+                return await kept.worker.run(turn, request.prompt, timeout_s=_BACKSTOP_S)
+        except TimeoutError:
+            if not scope.expired():
+                raise
+            raise TurnFailedError(
+                f"{timer.timeout_message()}; its worker process was killed at the turn timeout",
+                timeout_s=request.timeout_s,
+            ) from None
 
     async def reap(self, agent_id: str, state_dir: Path) -> bool:
         """A python agent's worker is this process's child and ends by itself when the daemon
