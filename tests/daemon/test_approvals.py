@@ -386,3 +386,37 @@ async def test_a_deadline_passed_while_down_is_timed_out_before_the_turn_is_inte
     rec = second.get(agent)
     assert rec["lastError"] == "daemon restarted during turn"
     assert rec["state"] == "failed"  # its policy (fail) applies to the interrupted turn
+
+
+async def test_an_agent_cannot_make_a_child_that_answers_more_than_it_may(
+    service: AgentService,
+) -> None:
+    api = LocalApi(service)
+    plain = await _agent(service, name="plain")
+    lead = await _agent(service, name="lead", mayAnswer=["blocked"])
+    with pytest.raises(OutOfScopeError, match=r"may answer \['approval'\]"):
+        await api.as_agent(plain).spawn(
+            {
+                "name": "helper",
+                "harness": "command",
+                "command": ["w"],
+                "parent": plain,
+                "mayAnswer": ["approval"],
+            }
+        )
+    made = await api.as_agent(lead).spawn(
+        {
+            "name": "helper",
+            "harness": "command",
+            "command": ["w"],
+            "parent": lead,
+            "mayAnswer": ["blocked"],
+        }
+    )
+    assert made["spec"]["mayAnswer"] == ["blocked"]
+    # The operator grants what it likes.
+    assert (
+        await api.spawn(
+            {"name": "x", "harness": "command", "command": ["w"], "mayAnswer": ["approval"]}
+        )
+    )["spec"]["mayAnswer"] == ["approval"]

@@ -190,6 +190,15 @@ class ScopedService:
             raise OutOfScopeError(
                 self.principal, "a custom Python guardrail (it would run inside the daemon)"
             )
+        # A child answers no more kinds of decisions than the agent that makes it: an agent
+        # must not hand a helper the approvals a person was meant to give.
+        granted = set(self.service.get(self.principal)["spec"].get("mayAnswer", []))
+        beyond = sorted(set(parsed.may_answer) - granted)
+        if beyond:
+            raise OutOfScopeError(
+                self.principal,
+                f"a child that may answer {beyond} (its own spec's mayAnswer is {sorted(granted)})",
+            )
         self.check(parsed.parent)
         return await self.service.spawn(parsed, idempotency_key=idempotency_key)
 
