@@ -17,6 +17,7 @@ from corral.daemon._errors import (
     DecisionNotFoundError,
     InvalidRequestError,
     OutOfScopeError,
+    TooManyApprovalsError,
 )
 from corral.daemon.guardrails import may_ask, parse_rules
 from corral.runtime import FakeClock
@@ -420,3 +421,28 @@ async def test_an_agent_cannot_make_a_child_that_answers_more_than_it_may(
             {"name": "x", "harness": "command", "command": ["w"], "mayAnswer": ["approval"]}
         )
     )["spec"]["mayAnswer"] == ["approval"]
+
+
+async def test_the_same_question_asked_again_is_the_same_decision(service: AgentService) -> None:
+    agent = await _agent(service, guardrails=DEPLOY_ASKS)
+    first = await service.check_action(agent, "deploy web", {"v": 1})
+    again = await service.check_action(agent, "deploy web", {"v": 1})  # a retry loop
+    other = await service.check_action(agent, "deploy web", {"v": 2})
+    assert first.decision == again.decision
+    assert other.decision != first.decision
+    assert len(service.decisions()) == 2
+
+
+async def test_an_agent_has_at_most_so_many_approvals_waiting(
+    service: AgentService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("corral.daemon._approvals.MAX_PENDING_APPROVALS", 3)
+    agent = await _agent(service, guardrails=DEPLOY_ASKS)
+    for n in range(3):
+        assert (await service.check_action(agent, f"deploy {n}")).verdict == "pending"
+    with pytest.raises(TooManyApprovalsError, match="has 3 approvals waiting") as caught:
+        await service.check_action(agent, "deploy 3")
+    assert caught.value.retryable is True
+    assert len(service.decisions()) == 3
+    await service.answer(service.decisions()[0]["id"], "deny", by="alice")
+    assert (await service.check_action(agent, "deploy 3")).verdict == "pending"

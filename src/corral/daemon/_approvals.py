@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import math
 import secrets
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from corral.daemon._errors import InvalidRequestError
+from corral.daemon._errors import InvalidRequestError, TooManyApprovalsError
 from corral.daemon._records import DecisionRecord
 from corral.daemon._text import json_problems, text_problem
 from corral.guard import GuardrailResult
@@ -21,6 +22,8 @@ MAX_CONTEXT_BYTES = 16_384
 """The largest context a check takes, as compact JSON (bytes)."""
 MAX_WAIT_S = 300.0
 """The longest one request waits for a person (``waitS``); wait again for longer."""
+MAX_PENDING_APPROVALS = 100
+"""How many approvals one agent may have waiting on people at once."""
 
 Json = dict[str, Any]
 
@@ -144,3 +147,39 @@ def deadline(now: datetime, timeout_s: float) -> str:
 
 def seconds_until(now: datetime, when: str) -> float:
     return (datetime.fromisoformat(when) - now).total_seconds()
+
+
+def same_pending(
+    decisions: Iterable[DecisionRecord],
+    agent_id: str,
+    rule_index: int,
+    action: str,
+    context: Mapping[str, Any],
+) -> str | None:
+    """The id of a pending approval of ``agent_id`` for the same action, context and rule,
+    if there is one."""
+    for found in decisions:
+        if (
+            found["kind"] == "approval"
+            and found["state"] == "pending"
+            and found["agentId"] == agent_id
+            and found.get("ruleIndex") == rule_index
+            and found.get("action") == action
+            and found.get("context") == dict(context)
+        ):
+            return found["id"]
+    return None
+
+
+def check_room(decisions: Iterable[DecisionRecord], agent_id: str) -> None:
+    """Refuse (``TooManyApprovalsError``, retryable) a new approval for an agent that has
+    :data:`MAX_PENDING_APPROVALS` waiting already."""
+    waiting = sum(
+        1
+        for found in decisions
+        if found["kind"] == "approval"
+        and found["state"] == "pending"
+        and found["agentId"] == agent_id
+    )
+    if waiting >= MAX_PENDING_APPROVALS:
+        raise TooManyApprovalsError(agent_id, MAX_PENDING_APPROVALS, waiting)

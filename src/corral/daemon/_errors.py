@@ -343,3 +343,20 @@ class TokenFileError(DaemonError, UsageError):
 
     def __init__(self, path: str, problem: str, fix: str) -> None:
         super().__init__(f"the token file {path} {problem}: {fix}", path=path, problem=problem)
+
+
+class TooManyApprovalsError(DaemonError):
+    """The agent has as many approvals waiting on people as it may; one must be answered
+    (or time out) before it asks again."""
+
+    code = "too_many_approvals"
+    default_retryable = True
+
+    def __init__(self, agent_id: str, limit: int, waiting: int) -> None:
+        super().__init__(
+            f"agent {agent_id!r} has {waiting} approvals waiting on people, the most it may "
+            f"have at once is {limit}: wait for an answer before asking again",
+            agent_id=agent_id,
+            limit=limit,
+            waiting=waiting,
+        )

@@ -49,6 +49,7 @@ from corral.daemon._errors import (
     OutOfScopeError,
     ServiceClosedError,
     StoreUnavailableError,
+    TooManyApprovalsError,
 )
 from corral.daemon._events import Event, NewEvent
 from corral.daemon._feed import EventFeed
@@ -645,8 +646,14 @@ class AgentService:
         mine: list[tuple[str, ApprovalRequest]] = []
         person_asked = asyncio.Event()
 
+        refused: list[TooManyApprovalsError] = []
+
         async def on_ask(ask: AskRequest) -> None:
-            decision_id = await self._approval_for(agent_id, check, ask, action, context)
+            try:
+                decision_id = await self._approval_for(agent_id, check, ask, action, context)
+            except TooManyApprovalsError as exc:
+                refused.append(exc)  # told to the caller as it is, not as a blocked rule
+                raise
             asked.append(decision_id)
             found = self.store.state.decisions[decision_id]
             if found["state"] == "resolved":
@@ -672,6 +679,8 @@ class AgentService:
                 await asyncio.gather(task, return_exceptions=True)
             for decision_id, request in mine:
                 self._waiters.get(decision_id, set()).discard(request)
+        if refused:
+            raise refused[0]
         verdict = _approvals.verdict_of(result, asked[-1] if asked else None)
         last = self.store.state.decisions.get(asked[-1]) if asked else None
         if not verdict.allowed and last is not None and not _approvals.allowed(last):
@@ -802,6 +811,12 @@ class AgentService:
             self._refuse_if_closed("check")
             rec = self._live(agent_id)
             existing = self._by_check.get((check_id, ask.index))
+            if existing is None:
+                # The same question asked again while it waits (a worker's retry loop) is
+                # the same decision: a person is never asked twice at once.
+                existing = _approvals.same_pending(
+                    self.store.state.decisions.values(), agent_id, ask.index, action, context
+                )
             events: list[NewEvent] = []
             if existing is not None:
                 found = self.store.state.decisions[existing]
@@ -809,6 +824,7 @@ class AgentService:
                     events.append(ev.waiting(agent_id, existing))
                     await self._commit(events)
                 return existing
+            _approvals.check_room(self.store.state.decisions.values(), agent_id)
             decision_id = _decisions.new_decision_id()
             rule = ask.rule.rule
             reason = rule.reason if isinstance(rule, MatchRule) else None

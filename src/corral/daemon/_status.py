@@ -64,6 +64,7 @@ STATUS: dict[str, int] = {
     "transaction_conflict": 409,
     "agent_frozen": 423,
     "pool_exhausted": 429,
+    "too_many_approvals": 429,
     "analysis_busy": 429,
     "database_error": 500,
     "analysis_error": 500,

@@ -113,6 +113,7 @@ _ERROR_DESCRIPTIONS = {
     413: "Body over the size limit",
     415: "The body is not declared as JSON",
     422: "The idempotency key was used for another command",
+    429: "The agent has as many approvals waiting on people as it may (retryable)",
     503: "The daemon is shutting down, or its store is unavailable (retryable)",
 }
 

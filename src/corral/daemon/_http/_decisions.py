@@ -126,14 +126,14 @@ ROUTES = [
         "May the agent do this? Its guardrails answer, or a person",
         ActionBody,
         status_code=200,
-        responses={**errors(400, 401, 403, 404, 409, 413, 415, 503), **_VERDICT},
+        responses={**errors(400, 401, 403, 404, 409, 413, 415, 429, 503), **_VERDICT},
     ),
     ApiRoute(
         "GET",
         "/actions/{decision_id}",
         action_verdict,
         "The verdict of a check a person was asked about (waits up to waitS)",
-        responses={**errors(400, 401, 404), **_VERDICT},
+        responses={**errors(400, 401, 404, 429), **_VERDICT},
     ),
     ApiRoute(
         "GET",
