@@ -446,3 +446,34 @@ async def test_an_agent_has_at_most_so_many_approvals_waiting(
     assert len(service.decisions()) == 3
     await service.answer(service.decisions()[0]["id"], "deny", by="alice")
     assert (await service.check_action(agent, "deploy 3")).verdict == "pending"
+
+
+async def test_an_ended_agents_token_opens_nothing(service: AgentService) -> None:
+    api = LocalApi(service)
+    lead = await _agent(service, name="lead")
+    child = await _agent(service, name="child", parent=lead)
+    await service.stop(lead, by="alice", why="done")
+    with pytest.raises(OutOfScopeError, match="the agent is stopped"):
+        await api.as_agent(lead).list_agents()
+    with pytest.raises(OutOfScopeError, match="the agent is stopped"):
+        await api.as_agent(lead).prompt(child, "keep going")
+    assert service.get(child)["state"] == "idle"
+
+
+async def test_an_agent_may_answer_stop_for_a_descendant_but_not_for_itself(
+    service: AgentService, harness: ScriptedHarness
+) -> None:
+    api = LocalApi(service)
+    lead = await _agent(service, name="lead")
+    harness.script("w", fail("stuck"))
+    worker = await _agent(service, name="w", parent=lead, onFailure="ask", prompt="go")
+    await settle(lambda: service.get(worker)["state"] == "blocked")
+    (held,) = service.decisions()
+    with pytest.raises(OutOfScopeError, match="its own decision"):
+        await api.as_agent(worker).answer(held["id"], "stop")
+    with pytest.raises(OutOfScopeError, match="mayAnswer"):
+        await api.as_agent(lead).answer(held["id"], "retry")
+    done = await api.as_agent(lead).answer(held["id"], "stop", why="not worth it")
+    assert done["answer"] == "stop"
+    assert service.decision(held["id"])["by"] == lead
+    assert service.get(worker)["state"] == "stopped"

@@ -566,3 +566,17 @@ async def test_a_freeze_that_cannot_be_logged_still_holds_and_answers(
     assert codes == ["unknown_column"] * 3 + ["agent_frozen"]
     assert [d["agentId"] for d in env.databases.decisions()] == ["bot-2"]
     assert "could not log the freeze of bot-2 in local" in caplog.text
+
+
+async def test_a_helper_does_not_reach_a_database_where_its_ancestor_is_frozen(env: Env) -> None:
+    lead = await env.spawn(name="lead")
+    helper = await env.spawn(name="helper", parent=lead)
+    await env.databases.freeze("shop", lead, reason="looping", by="ops")
+    async with env.client(env.front.agent_token(helper)) as http:
+        refused = await http.post("/gateway/query", json={"target": "shop", "sql": "SELECT 1"})
+    error = error_of(refused, 403, "out_of_scope")
+    assert f"its ancestor '{lead}' is frozen there" in error["message"]
+    await env.databases.reinstate("shop", lead, by="ops", reason="fixed")
+    async with env.client(env.front.agent_token(helper)) as http:
+        allowed = await http.post("/gateway/query", json={"target": "shop", "sql": "SELECT 1"})
+    assert allowed.status_code == 200, allowed.text

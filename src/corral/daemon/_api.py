@@ -17,6 +17,7 @@ from corral.daemon._events import Event
 from corral.daemon._policy import BUDGET_EXHAUSTED
 from corral.daemon._service import AgentService, CommandResult
 from corral.daemon._spec import AgentSpec, parse_spec
+from corral.daemon._state import ENDED_STATES
 from corral.daemon.guardrails import has_custom
 from corral.kernel import InvalidArgumentError
 from corral.kernel import _validate as v
@@ -163,13 +164,26 @@ class ScopedService:
 
     def check(self, agent_id: str) -> None:
         """Refuse an agent outside the caller's reach (``OutOfScopeError``)."""
+        self.check_live()
         if self.principal is not None and not self.service.in_scope(self.principal, agent_id):
             raise OutOfScopeError(self.principal, f"agent {agent_id!r}")
+
+    def check_live(self) -> None:
+        """An ended agent's token opens nothing any more: whatever it left running loses
+        its reach with it (``OutOfScopeError``)."""
+        principal = self.principal
+        if principal is None:
+            return
+        rec = self.service.store.state.agents.get(principal)
+        if rec is None or rec["state"] in ENDED_STATES:
+            state = "unknown" if rec is None else rec["state"]
+            raise OutOfScopeError(principal, f"anything: the agent is {state}")
 
     def _mine(self, items: list[Json], key: str) -> list[Json]:
         principal = self.principal
         if principal is None:
             return items
+        self.check_live()
         return [item for item in items if self.service.in_scope(principal, item[key])]
 
     # --- agents ------------------------------------------------------------------------------
@@ -289,6 +303,7 @@ class ScopedService:
 
     def _check_decision(self, found: Mapping[str, Any]) -> None:
         """A decision of an agent beyond the caller's reach is not found, to it."""
+        self.check_live()
         if self.principal is not None and not self.service.in_scope(
             self.principal, found["agentId"]
         ):
@@ -370,12 +385,17 @@ class ScopedService:
         found = self.service.decision(decision_id)
         self._check_decision(found)
         if found["state"] == "pending" and isinstance(answer, str):
-            if self.principal is not None and found["kind"] == "budget_exhausted":
-                raise OutOfScopeError(
-                    self.principal, "answering a budget decision (a person decides)"
-                )
-            kind = "approval" if found["kind"] == "approval" else "blocked"
-            self.check_answer(found["agentId"], kind, answer)
+            if answer == "stop" and found["kind"] != "approval":
+                # Stopping a descendant is what an agent may do anyway (POST .../stop):
+                # answered here too, in its own name, but never for itself.
+                self.check_own_decision(found["agentId"])
+            else:
+                if self.principal is not None and found["kind"] == "budget_exhausted":
+                    raise OutOfScopeError(
+                        self.principal, "answering a budget decision (a person decides)"
+                    )
+                kind = "approval" if found["kind"] == "approval" else "blocked"
+                self.check_answer(found["agentId"], kind, answer)
         who, note = self.attribution(by, "answering")
         return await self.service.answer(
             decision_id,
@@ -442,12 +462,31 @@ class ScopedService:
         left out, or naming it)."""
         if self.principal is None:
             return agent_id
+        self.check_live()
         if agent_id is not None and agent_id != self.principal:
             raise OutOfScopeError(self.principal, f"queries as agent {agent_id!r}")
         return self.principal
 
+    def check_ancestors_not_frozen(self, target: str | None) -> None:
+        """An agent's token does not reach a database where one of its ancestors is frozen:
+        a helper it made must not lift its freeze without a person."""
+        principal = self.principal
+        if principal is None or not self.databases.names:
+            return
+        rec = self.service.store.state.agents.get(principal)
+        while rec is not None and rec["parent"] is not None:
+            parent = rec["parent"]
+            if self.databases.status(target, parent).get("frozen"):
+                raise OutOfScopeError(
+                    principal,
+                    f"database {target or 'the only one'}: its ancestor {parent!r} is frozen "
+                    "there until a person reinstates it",
+                )
+            rec = self.service.store.state.agents.get(parent)
+
     async def query(self, target: str | None, agent_id: str | None, request: Any) -> Json:
         agent = self.query_agent(agent_id)
+        self.check_ancestors_not_frozen(target)
         if agent is None:
             raise InvalidArgumentError("gateway", "agent", "the agent making the request", None)
         return await self.databases.query(target, agent, request)
