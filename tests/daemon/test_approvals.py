@@ -477,3 +477,17 @@ async def test_an_agent_may_answer_stop_for_a_descendant_but_not_for_itself(
     assert done["answer"] == "stop"
     assert service.decision(held["id"])["by"] == lead
     assert service.get(worker)["state"] == "stopped"
+
+
+async def test_a_run_has_at_most_so_many_approvals_waiting_whoever_asks(
+    service: AgentService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("corral.daemon._approvals.MAX_PENDING_RUN_APPROVALS", 4)
+    lead = await _agent(service, name="lead", guardrails=DEPLOY_ASKS)
+    helpers = [await _agent(service, name=f"h{n}", parent=lead) for n in range(2)]
+    for n, asker in enumerate([lead, lead, *helpers]):
+        assert (await service.check_action(asker, f"deploy {n}")).verdict == "pending"
+    with pytest.raises(TooManyApprovalsError, match=r"the run '.*' of agent .* has 4 approvals"):
+        await service.check_action(helpers[0], "deploy again")
+    other = await _agent(service, name="elsewhere", guardrails=DEPLOY_ASKS)
+    assert (await service.check_action(other, "deploy")).verdict == "pending"

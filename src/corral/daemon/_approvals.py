@@ -24,6 +24,9 @@ MAX_WAIT_S = 300.0
 """The longest one request waits for a person (``waitS``); wait again for longer."""
 MAX_PENDING_APPROVALS = 100
 """How many approvals one agent may have waiting on people at once."""
+MAX_PENDING_RUN_APPROVALS = 500
+"""How many approvals the agents of one run may have waiting at once (an agent that makes
+helpers must not multiply the limit of one)."""
 
 Json = dict[str, Any]
 
@@ -171,15 +174,17 @@ def same_pending(
     return None
 
 
-def check_room(decisions: Iterable[DecisionRecord], agent_id: str) -> None:
+def check_room(decisions: Iterable[DecisionRecord], agent_id: str, run_id: str) -> None:
     """Refuse (``TooManyApprovalsError``, retryable) a new approval for an agent that has
-    :data:`MAX_PENDING_APPROVALS` waiting already."""
-    waiting = sum(
-        1
-        for found in decisions
-        if found["kind"] == "approval"
-        and found["state"] == "pending"
-        and found["agentId"] == agent_id
-    )
-    if waiting >= MAX_PENDING_APPROVALS:
-        raise TooManyApprovalsError(agent_id, MAX_PENDING_APPROVALS, waiting)
+    :data:`MAX_PENDING_APPROVALS` waiting already, or whose run has
+    :data:`MAX_PENDING_RUN_APPROVALS`."""
+    mine = in_run = 0
+    for found in decisions:
+        if found["kind"] != "approval" or found["state"] != "pending":
+            continue
+        mine += found["agentId"] == agent_id
+        in_run += found.get("runId") == run_id
+    if mine >= MAX_PENDING_APPROVALS:
+        raise TooManyApprovalsError(agent_id, MAX_PENDING_APPROVALS, mine)
+    if in_run >= MAX_PENDING_RUN_APPROVALS:
+        raise TooManyApprovalsError(agent_id, MAX_PENDING_RUN_APPROVALS, in_run, run=run_id)

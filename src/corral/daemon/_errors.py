@@ -346,17 +346,19 @@ class TokenFileError(DaemonError, UsageError):
 
 
 class TooManyApprovalsError(DaemonError):
-    """The agent has as many approvals waiting on people as it may; one must be answered
-    (or time out) before it asks again."""
+    """The agent (or its run, ``run``) has as many approvals waiting on people as it may;
+    one must be answered (or time out) before it asks again."""
 
     code = "too_many_approvals"
     default_retryable = True
 
-    def __init__(self, agent_id: str, limit: int, waiting: int) -> None:
+    def __init__(self, agent_id: str, limit: int, waiting: int, *, run: str | None = None) -> None:
+        who = f"agent {agent_id!r}" if run is None else f"the run {run!r} of agent {agent_id!r}"
         super().__init__(
-            f"agent {agent_id!r} has {waiting} approvals waiting on people, the most it may "
-            f"have at once is {limit}: wait for an answer before asking again",
+            f"{who} has {waiting} approvals waiting on people, the most it may have at once "
+            f"is {limit}: wait for an answer before asking again",
             agent_id=agent_id,
             limit=limit,
             waiting=waiting,
+            run=run,
         )

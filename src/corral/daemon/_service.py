@@ -824,7 +824,7 @@ class AgentService:
                     events.append(ev.waiting(agent_id, existing))
                     await self._commit(events)
                 return existing
-            _approvals.check_room(self.store.state.decisions.values(), agent_id)
+            _approvals.check_room(self.store.state.decisions.values(), agent_id, rec["runId"])
             decision_id = _decisions.new_decision_id()
             rule = ask.rule.rule
             reason = rule.reason if isinstance(rule, MatchRule) else None
