@@ -32,7 +32,7 @@ from corral.daemon.harnesses._launch import dumps
 from corral.daemon.harnesses._launched import TurnFiles
 from tests.support.orphans import launcher_pid, orphan_turn
 from tests.support.polling import idle, settle
-from tests.support.processes import gone, read_pids
+from tests.support.processes import gone, read_pids, write_atomically
 
 WORKERS = Path(__file__).with_name("workers")
 WORKER = str(WORKERS / "cmd_worker.py")
@@ -130,7 +130,7 @@ async def test_a_turn_whose_daemon_was_killed_is_adopted_with_its_output(
     harness = CommandHarness(adopt_poll_s=0.01)
     assert isinstance(harness, AdoptingHarness)
     adoption = asyncio.ensure_future(harness.adopt(request(dirs)))
-    (workdir / "go").write_text("0")
+    write_atomically(workdir / "go", "0")
     result = await asyncio.wait_for(adoption, 10)
     assert result.output == "work -> 0\n"
     await settle(lambda: gone(child) and gone(launcher))
@@ -143,7 +143,7 @@ async def test_an_adopted_turn_that_fails_says_its_exit_code_and_stderr(
     state_dir, workdir = dirs
     orphan(dirs, "await-file", "go")
     adoption = asyncio.ensure_future(CommandHarness(adopt_poll_s=0.01).adopt(request(dirs)))
-    (workdir / "go").write_text("3")
+    write_atomically(workdir / "go", "3")
     with pytest.raises(TurnFailedError) as caught:
         await asyncio.wait_for(adoption, 10)
     assert caught.value.details["exit_code"] == 3

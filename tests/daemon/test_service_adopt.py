@@ -18,7 +18,7 @@ from corral.runtime import FakeClock
 from tests.daemon.conftest import MakeService, OpenSQLite
 from tests.support.harness import ScriptedHarness
 from tests.support.orphans import orphan_turn
-from tests.support.processes import read_pids
+from tests.support.processes import read_pids, write_atomically
 
 WORKER = str(Path(__file__).with_name("workers") / "cmd_worker.py")
 
@@ -74,7 +74,7 @@ async def test_a_turn_waiting_on_a_person_is_adopted_after_a_restart(
 
         await second.answer(decision, "approve", by="alice", why="go ahead")
         assert second.get(agent)["state"] == "running"
-        (workdir / "verdict").write_text("0")  # what `corral check` answers now
+        write_atomically(workdir / "verdict", "0")  # what `corral check` answers now
         await asyncio.wait_for(second.settled(agent), 10)
     finally:
         with contextlib.suppress(OSError, ValueError):
@@ -113,7 +113,7 @@ async def test_an_adopted_turn_that_fails_counts_as_failed(
             True,
         )
         assert second.get(agent)["state"] == "running"  # the turn goes on, to hear "no"
-        (workdir / "verdict").write_text("1")
+        write_atomically(workdir / "verdict", "1")
         await asyncio.wait_for(second.settled(agent), 10)
     finally:
         with contextlib.suppress(OSError, ValueError):

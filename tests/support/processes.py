@@ -27,3 +27,11 @@ def start_time(pid: int) -> int:
     with open(f"/proc/{pid}/stat", "rb") as f:
         stat = f.read()
     return int(stat[stat.rfind(b")") + 2 :].split()[19])
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole: a process polling for ``path`` to appear never
+    reads it empty or half written."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.replace(path)
