@@ -782,7 +782,6 @@ class AgentService:
             result = CommandResult(200, answering.body(agent_id))
             events = self._approval_answered(found, answer, by, why, note=note)
             await self._commit(events, idempotency_key, command, result)
-        self._settle_waiters(decision_id)
         return result
 
     def _still_pending(self, answering: Answering | None) -> None:
@@ -897,14 +896,7 @@ class AgentService:
                 handle = self._deadlines.pop(found["id"], None)
                 if handle is not None:
                     handle.cancel()
-                self._soon(self._settle_later(found["id"]))
         return events
-
-    async def _settle_later(self, decision_id: str) -> None:
-        # Runs after the withdrawal's commit (it waits for the lock the commit holds).
-        async with self._mutex:
-            pass
-        self._settle_waiters(decision_id)
 
     def _settle_waiters(self, decision_id: str) -> None:
         """Hand an answered decision's answer to the checks waiting on it."""
@@ -934,7 +926,6 @@ class AgentService:
         if not locked:
             async with self._mutex:
                 await self._expire(decision_id, locked=True)
-            self._settle_waiters(decision_id)
             return
         found = self.store.state.decisions.get(decision_id)
         self._deadlines.pop(decision_id, None)
@@ -1192,6 +1183,10 @@ class AgentService:
                     d.get("reason"),
                     f": {d['error']}" if d.get("error") else "",
                 )
+            elif event.type == ev.DECISION_RESOLVED:
+                # Whoever answered (a person, a deadline, a withdrawal), the checks waiting
+                # on the decision hear it once it is durable.
+                self._settle_waiters(str(event.data.get("decisionId")))
         self._feed.publish(written)
         return written
 
