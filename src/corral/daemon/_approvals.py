@@ -13,11 +13,10 @@ from typing import Any
 
 from corral.daemon._errors import InvalidRequestError, TooManyApprovalsError
 from corral.daemon._records import DecisionRecord
-from corral.daemon._text import json_problems, text_problem
+from corral.daemon._text import json_problems
+from corral.daemon.guardrails import action_problems
 from corral.guard import GuardrailResult
 
-MAX_ACTION_CHARS = 16_384
-"""The longest action text a check takes (characters)."""
 MAX_CONTEXT_BYTES = 16_384
 """The largest context a check takes, as compact JSON (bytes)."""
 MAX_WAIT_S = 300.0
@@ -59,25 +58,13 @@ def new_check_id() -> str:
 
 
 def check_input(action: Any, context: Any, wait_s: Any) -> dict[str, Any]:
-    """Refuse (``InvalidRequestError``, every problem) an action that is not a non-empty
-    string of at most :data:`MAX_ACTION_CHARS` characters, a context that is not a JSON
-    object of at most :data:`MAX_CONTEXT_BYTES` bytes, or a wait that is not a number from 0
-    to :data:`MAX_WAIT_S` (or infinity, for callers inside the daemon). Answers the context
-    (an empty dict for None)."""
-    problems: list[dict[str, Any]] = []
-    if not isinstance(action, str) or not action.strip():
-        problems.append({"field": "action", "message": "must be a non-empty string"})
-    elif len(action) > MAX_ACTION_CHARS:
-        problems.append(
-            {
-                "field": "action",
-                "message": f"at most {MAX_ACTION_CHARS} characters, got {len(action)}",
-            }
-        )
-    else:
-        message = text_problem(action)
-        if message is not None:
-            problems.append({"field": "action", "message": message})
+    """Refuse (``InvalidRequestError``, every problem) an action the rules cannot check
+    (``guardrails.action_problems``: not a non-empty string of at most
+    ``guardrails.MAX_ACTION_CHARS`` characters, or text no store keeps), a context that is
+    not a JSON object of at most :data:`MAX_CONTEXT_BYTES` bytes, or a wait that is not a
+    number from 0 to :data:`MAX_WAIT_S` (or infinity, for callers inside the daemon).
+    Answers the context (an empty dict for None)."""
+    problems = action_problems(action)
     if context is None:
         context = {}
     if not isinstance(context, dict):
