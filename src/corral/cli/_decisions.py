@@ -83,7 +83,9 @@ def decide(
     changes = None
     if budget is not None:
         with refusals():
-            changes = _budget(budget)
+            changes = _json_object(
+                "decide", "--budget", budget, 'a JSON object like {"maxCostUsd": 5}'
+            )
     _answer(ctx, decision, answer, why=why, text=text, budget=changes, by=by, key=key)
 
 
@@ -119,15 +121,14 @@ def _answer(
     say(f"{done.get('decision', decision)}: {done.get('answer', answer)} recorded")
 
 
-def _budget(raw: str) -> dict[str, Any]:
+def _json_object(where: str, option: str, raw: str, example: str) -> dict[str, Any]:
+    """``raw`` as a JSON object, or ``InvalidArgumentError`` naming the option."""
     try:
         value = json.loads(raw)
     except ValueError:
         value = None
     if not isinstance(value, dict):
-        raise InvalidArgumentError(
-            "decide", "--budget", 'a JSON object like {"maxCostUsd": 5}', raw
-        )
+        raise InvalidArgumentError(where, option, example, raw)
     return value
 
 
@@ -162,7 +163,7 @@ def check(
     details: dict[str, Any] | None = None
     if context is not None:
         with refusals():
-            details = _context(context)
+            details = _json_object("check", "--context", context, "a JSON object")
     deadline = None if wait is None else time.monotonic() + wait
     verdict = call(target(ctx), lambda api: _check(api, agent, action, details, deadline))
     for warning in verdict.get("warnings", []):
@@ -177,16 +178,6 @@ def check(
     else:
         say(f"blocked: {reason}", err=True)
     raise typer.Exit(1)
-
-
-def _context(raw: str) -> dict[str, Any]:
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        raise InvalidArgumentError("check", "--context", "a JSON object", raw)
-    return value
 
 
 async def _check(
