@@ -226,12 +226,15 @@ def map_error(
     sqlstate: str | None = getattr(exc, "sqlstate", None)
     diag = getattr(exc, "diag", None)
     if sqlstate == "57014":
-        return GatewayError(
-            "statement_timeout",
+        message = (
             f"the statement ran longer than the statement timeout of {statement_timeout_s} s "
-            "and was cancelled",
-            timeout_s=statement_timeout_s,
+            "and was cancelled"
         )
+        if not reading:
+            # The database cancelled it, so its transaction rolled back: the same retry
+            # advice as when the gateway gave up first, which is safe in both cases.
+            message += "; nothing was written: retry with the same idempotency key"
+        return GatewayError("statement_timeout", message, timeout_s=statement_timeout_s)
     if sqlstate == "25006" and reading:
         return GatewayError(
             "read_only_violation",
