@@ -603,7 +603,9 @@ class AgentService:
                 raise OutOfScopeError(lower_only, "raising a budget (a person decides)")
             now = self.clock.now()
             # No more than its ancestors have left (see _tree_budget), and it says so.
-            new, capped = _tree_budget.on_change(rec, new, self.store.state.agents.get, now)
+            new, capped = _tree_budget.on_change(
+                rec, current, new, self.store.state.agents.get, now
+            )
             events = _decisions.budget_changed(
                 self.store.state, rec, spec, new, by, why, now, note, capped=capped
             )

@@ -113,12 +113,20 @@ def room(parent: AgentRecord, lookup: Lookup, now: datetime) -> ExecutionBudget:
 
 
 def cap(
-    asked: BudgetSpec, spent: Usage, age: float, room_left: ExecutionBudget
+    asked: BudgetSpec,
+    spent: Usage,
+    age: float,
+    room_left: ExecutionBudget,
+    current: BudgetSpec | None = None,
 ) -> tuple[BudgetSpec, list[Capped]]:
     """``asked`` bounded by ``room_left`` (what the ancestors leave) for an agent that has
     spent ``spent`` and is ``age`` seconds old: each dimension is at most what it spent plus
     the room (the deadline: its age plus the room). The budget granted, and the dimensions
-    capped (a spec asking unlimited under a limited ancestor is capped too)."""
+    capped (a spec asking unlimited under a limited ancestor is capped too).
+
+    With ``current`` (the budget in force, for a change), only the dimensions ``asked``
+    raises are capped, never below ``current``: a change capped by the ancestors' room
+    does not lower what the agent had."""
     used = {
         "max_tokens": spent["tokens"],
         "max_cost_usd": spent["costUsd"],
@@ -130,12 +138,16 @@ def cap(
     for name, field in DIMENSIONS:
         wanted = getattr(asked, field)
         left = getattr(room_left, field)
-        if left is None:
+        before = None if current is None else getattr(current, field)
+        raised = current is None or (before is not None and (wanted is None or wanted > before))
+        if left is None or not raised:
             granted[name] = wanted
             continue
         # Counts stay whole numbers; dollars and seconds drop float noise past a nanounit.
         whole = field in ("max_tokens", "max_turns")
         bound = int(used[field] + left) if whole else round(float(used[field] + left), 9)
+        if before is not None:
+            bound = max(bound, before)
         if wanted is None or wanted > bound:
             granted[name] = bound
             capped.append({"dimension": name, "asked": wanted, "granted": bound})
@@ -155,15 +167,16 @@ def at_spawn(
 
 
 def on_change(
-    rec: AgentRecord, new: BudgetSpec, lookup: Lookup, now: datetime
+    rec: AgentRecord, current: BudgetSpec, new: BudgetSpec, lookup: Lookup, now: datetime
 ) -> tuple[BudgetSpec, list[Capped]]:
-    """A budget change (``PATCH /agents/{id}``) bounded as a spawn is: at most what the
-    agent's subtree spent plus what its ancestors have left."""
+    """A budget change (``PATCH /agents/{id}``) from ``current`` to ``new`` bounded as a
+    spawn is: what it raises is at most what the agent's subtree spent plus what its
+    ancestors have left (never less than ``current``)."""
     parent = lookup(rec["parent"]) if rec["parent"] is not None else None
     if parent is None:
         return new, []
     age = _budget.age_s(rec["createdAt"], now)
-    return cap(new, tree_usage(rec), age, room(parent, lookup, now))
+    return cap(new, tree_usage(rec), age, room(parent, lookup, now), current)
 
 
 def _left(rec: AgentRecord, now: datetime) -> ExecutionBudget:
