@@ -108,7 +108,8 @@ def _node(rec: AgentRecord, depth: int) -> RunNode:
         "depth": depth,
         "state": rec["state"],
         "reason": rec["reason"],
-        "usage": rec["usage"],
-        "treeUsage": _tree_budget.tree_usage(rec),
+        # Copies: a caller in this process must not reach into the projections.
+        "usage": Usage(**rec["usage"]),
+        "treeUsage": Usage(**_tree_budget.tree_usage(rec)),
         "budget": dict(rec.get("budget") or rec["spec"].get("budget") or {}),
     }
