@@ -25,7 +25,16 @@ def build_app() -> "typer.Typer":
     # ``main`` must be able to report missing.
     import typer
 
-    from corral.cli import _agents, _daemon, _decisions, _events, _gateway, _options, _tokens
+    from corral.cli import (
+        _agents,
+        _daemon,
+        _decisions,
+        _events,
+        _gateway,
+        _options,
+        _runs,
+        _tokens,
+    )
 
     app = typer.Typer(
         name="corral",
@@ -43,6 +52,7 @@ def build_app() -> "typer.Typer":
         _agents.prompt,
         _agents.stop,
         _agents.budget,
+        _runs.run,
         _events.events,
         _agents.inbox,
         _decisions.decisions,

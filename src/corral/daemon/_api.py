@@ -66,6 +66,16 @@ class AgentApi(Protocol):
 
     async def get(self, agent_id: str) -> Json: ...
 
+    async def run(self, run_id: str) -> Json: ...
+
+    async def stop_run(
+        self,
+        run_id: str,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json: ...
+
     async def list_agents(self) -> list[Json]: ...
 
     async def inbox(self, agent_id: str) -> list[Json]: ...
@@ -273,6 +283,41 @@ class ScopedService:
     def get(self, agent_id: str) -> Json:
         self.check(agent_id)
         return self.service.get(agent_id)
+
+    # --- runs (see _runs) ----------------------------------------------------------------------
+
+    def run(self, run_id: str) -> Json:
+        """The run's tree: the operator sees all of it; an agent's token the subtree of its
+        own agent, when the agent is in that run (``top`` says where the tree starts)."""
+        principal = self.principal
+        if principal is None:
+            return self.service.run(run_id)
+        self.check_live()
+        if self.service.get(principal)["runId"] != run_id:
+            raise OutOfScopeError(principal, f"run {run_id!r} (its own run is another)")
+        return self.service.run(run_id, top=principal)
+
+    async def stop_run(
+        self,
+        run_id: str,
+        *,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> CommandResult:
+        """Stop every live agent of the run; an agent's token only the run it is the root of
+        (and in its own name)."""
+        principal = self.principal
+        if principal is not None:
+            self.check_live()
+            rec = self.service.get(principal)
+            if rec["runId"] != run_id or rec["parent"] is not None:
+                raise OutOfScopeError(principal, f"stopping run {run_id!r} (only its root may)")
+            self.check_own_decision(principal)
+        by, note = self.attribution(by, "stopping a run")
+        return await self.service.stop_run(
+            run_id, by=by, why=why, idempotency_key=idempotency_key, note=note
+        )
 
     def list_agents(self) -> list[Json]:
         return self._mine(self.service.list_agents(), "id")
@@ -622,6 +667,21 @@ class LocalApi:
     async def get(self, agent_id: str) -> Json:
         v.non_empty_str("get", "agent_id", agent_id)
         return self._scope.get(agent_id)
+
+    async def run(self, run_id: str) -> Json:
+        v.non_empty_str("run", "run_id", run_id)
+        return self._scope.run(run_id)
+
+    async def stop_run(
+        self,
+        run_id: str,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json:
+        v.non_empty_str("stop_run", "run_id", run_id)
+        result = await self._scope.stop_run(run_id, by=by, why=why, idempotency_key=idempotency_key)
+        return result.body
 
     async def list_agents(self) -> list[Json]:
         return self._scope.list_agents()

@@ -282,6 +282,21 @@ class HttpApi:
     async def list_agents(self) -> list[Json]:
         return _items(await self._call("GET", "/agents"), "agents")
 
+    async def run(self, run_id: str) -> Json:
+        v.non_empty_str("run", "run_id", run_id)
+        return dict(await self._call("GET", f"/runs/{_seg(run_id)}"))
+
+    async def stop_run(
+        self,
+        run_id: str,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json:
+        v.non_empty_str("stop_run", "run_id", run_id)
+        body = _command({"by": by, "why": why, "idempotencyKey": idempotency_key})
+        return dict(await self._call("POST", f"/runs/{_seg(run_id)}/stop", body))
+
     async def inbox(self, agent_id: str) -> list[Json]:
         v.non_empty_str("inbox", "agent_id", agent_id)
         return _items(await self._call("GET", f"/agents/{_seg(agent_id)}/inbox"), "notices")

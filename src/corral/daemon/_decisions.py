@@ -6,11 +6,11 @@ A turn's outcome under the failure policy and the budget, and holding an agent f
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from corral.daemon import _budget, _notices
+from corral.daemon import _budget, _notices, _tree_budget
 from corral.daemon import _events as ev
 from corral.daemon._events import NewEvent
 from corral.daemon._policy import BUDGET_EXHAUSTED, after_failure
@@ -20,17 +20,20 @@ from corral.daemon._state import State, preview
 from corral.kernel import BudgetExhaustedError
 
 
-def exhausted(rec: AgentRecord, spec: AgentSpec, now: datetime) -> BudgetExhaustedError | None:
-    """Why the agent's budget leaves no room for another turn at ``now``, or None."""
-    age = _budget.age_s(rec["createdAt"], now)
-    return _budget.exhausted(_budget.in_force(rec, spec).to_budget(), rec["usage"], age)
+def exhausted(
+    rec: AgentRecord, spec: AgentSpec, now: datetime, lookup: _tree_budget.Lookup
+) -> BudgetExhaustedError | None:
+    """Why the agent's budget, or an ancestor's (found with ``lookup``), leaves no room for
+    another turn at ``now``, or None (see :mod:`._tree_budget`)."""
+    own = _budget.in_force(rec, spec).to_budget()
+    return _tree_budget.exhausted(rec, own, lookup, now)
 
 
 def held_on_budget(rec: AgentRecord, spec: AgentSpec, now: datetime) -> BudgetExhaustedError:
     """Why an agent held ``budget-exhausted`` takes no prompt: its hold's own error."""
     dimension = rec.get("dimension") or "cost_usd"
     budget = _budget.in_force(rec, spec).to_budget()
-    used = rec["usage"]
+    used = _tree_budget.tree_usage(rec)
     limit, spent = {
         "tokens": (budget.max_tokens, used["tokens"]),
         "cost_usd": (budget.max_cost_usd, used["costUsd"]),
@@ -73,11 +76,18 @@ def hold(
     error: str | None,
     *,
     dimension: str | None = None,
+    ancestor: str | None = None,
 ) -> list[NewEvent]:
     """Hold the agent in blocked: state change, supervision needed (a decision opens), notice
-    to the parent."""
+    to the parent. ``ancestor``: the ancestor whose budget has no room."""
     events = ev.held(
-        rec["id"], rec["state"], reason, error, decision=new_decision_id(), dimension=dimension
+        rec["id"],
+        rec["state"],
+        reason,
+        error,
+        decision=new_decision_id(),
+        dimension=dimension,
+        ancestor=ancestor,
     )
     if rec["parent"] is not None:
         events.append(_notices.to_parent(state, rec, "supervision", reason=reason, error=error))
@@ -85,8 +95,11 @@ def hold(
 
 
 def budget_hold(state: State, rec: AgentRecord, why: BudgetExhaustedError) -> list[NewEvent]:
-    """Hold the agent because its budget leaves no room for a turn."""
-    return hold(state, rec, BUDGET_EXHAUSTED, why.message, dimension=why.dimension)
+    """Hold the agent because its budget, or an ancestor's, leaves no room for a turn."""
+    ancestor = getattr(why, "ancestor", None)
+    return hold(
+        state, rec, BUDGET_EXHAUSTED, why.message, dimension=why.dimension, ancestor=ancestor
+    )
 
 
 def budget_changed(
@@ -98,25 +111,51 @@ def budget_changed(
     why: str | None,
     now: datetime,
     note: str | None = None,
+    capped: Sequence[_tree_budget.Capped] = (),
 ) -> list[NewEvent]:
-    """The agent's budget becomes ``new``. An agent held ``budget-exhausted`` whose budget
-    is raised so that it has room again is released: its decision is resolved (action
-    ``budget``) and it waits, idle, for a prompt. Otherwise its state stays as it is (a
-    budget below what is spent only holds the agent at its next prompt)."""
+    """The agent's budget becomes ``new`` (``capped``: what the change asked beyond what
+    its ancestors had left). An agent held ``budget-exhausted`` whose budget is raised so
+    that it has room again is released: its decision is resolved (action ``budget``) and it
+    waits, idle, for a prompt; so is each descendant held on this agent's budget
+    (``ancestor``) that now has room. Otherwise its state stays as it is (a budget below
+    what is spent only holds the agent at its next prompt)."""
     previous = _budget.in_force(rec, spec)
     events = [
         ev.budget_changed(
-            rec["id"], new.model_dump(by_alias=True), previous.model_dump(by_alias=True), by, why
+            rec["id"],
+            new.model_dump(by_alias=True),
+            previous.model_dump(by_alias=True),
+            by,
+            why,
+            capped=[dict(c) for c in capped],
         )
     ]
-    held = rec["state"] == "blocked" and rec["reason"] == BUDGET_EXHAUSTED
-    if held and _budget.raises(new, previous):
-        after = preview(state, events, now.isoformat()).get_agent(rec["id"])
-        assert after is not None
-        if exhausted(after, spec, now) is None:
-            events += resolve_hold(state, rec, "budget", by, why, note)
-            events.append(ev.released(rec["id"]))
+    if not _budget.raises(new, previous):
+        return events
+    after = preview(state, events, now.isoformat())
+    for held in _held_on(state, rec["id"]):
+        found = after.get_agent(held["id"])
+        assert found is not None
+        own = _tree_budget.budget_of(found)
+        if held["id"] == rec["id"]:
+            own = _budget.in_force(found, spec).to_budget()
+        if _tree_budget.exhausted(found, own, after.get_agent, now) is None:
+            events += resolve_hold(state, held, "budget", by, why, note)
+            events.append(ev.released(held["id"]))
     return events
+
+
+def _held_on(state: State, agent_id: str) -> list[AgentRecord]:
+    """The agent itself, if it is held on its budget, and each descendant held on
+    ``agent_id``'s budget (its decision names it as the ``ancestor``)."""
+    found = []
+    for rec in state.agents.values():
+        if rec["state"] != "blocked" or rec["reason"] != BUDGET_EXHAUSTED:
+            continue
+        decision = state.decisions.get(rec.get("decision") or "")
+        if rec["id"] == agent_id or (decision is not None and decision.get("ancestor") == agent_id):
+            found.append(rec)
+    return found
 
 
 def drop_pending(state: State, agent_id: str) -> list[NewEvent]:
@@ -157,13 +196,14 @@ def turn_failed(
     failures = rec["consecutiveFailures"] + 1
     events = [*before, ev.turn_failed(agent_id, turn, error, failures, usage)]
     # The policy and the budget judge the agent as the failed turn leaves it.
-    after = preview(state, events, now.isoformat()).get_agent(agent_id)
+    after_tx = preview(state, events, now.isoformat())
+    after = after_tx.get_agent(agent_id)
     assert after is not None
     if dimension is not None:
         return events + hold(state, after, BUDGET_EXHAUSTED, error, dimension=dimension), None
     decision = after_failure(after, spec, failures)
     if decision.action == "retry":
-        why = exhausted(after, spec, now)
+        why = exhausted(after, spec, now, after_tx.get_agent)
         if why is not None:
             return events + budget_hold(state, after, why), None
         assert rec["lastPrompt"] is not None

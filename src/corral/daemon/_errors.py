@@ -107,14 +107,41 @@ class AgentBudgetExhaustedError(DaemonError):
     code = "budget_exhausted"
 
     def __init__(self, agent_id: str, cause: BudgetExhaustedError) -> None:
+        # Held by an ancestor's budget (see AncestorBudgetExhaustedError): that is the one
+        # to raise.
+        ancestor = getattr(cause, "ancestor", None)
+        whose = agent_id if ancestor is None else ancestor
         super().__init__(
             f"agent {agent_id!r}: {cause.message}; the turn did not start (raise the budget: "
-            f"PATCH /agents/{agent_id}, or corral budget {agent_id})",
+            f"PATCH /agents/{whose}, or corral budget {whose})",
             agent_id=agent_id,
             dimension=cause.dimension,
             limit=cause.limit,
             used=cause.used,
+            **({} if ancestor is None else {"ancestor": ancestor}),
         )
+
+
+class AncestorBudgetExhaustedError(BudgetExhaustedError):
+    """An ancestor's budget leaves no room for a turn of one of its descendants: every turn
+    counts against the agent and each ancestor (``ancestor`` names it; ``limit`` and ``used``
+    are the ancestor's limit and what its whole subtree spent)."""
+
+    def __init__(self, ancestor: str, name: str, cause: BudgetExhaustedError) -> None:
+        super().__init__(cause.dimension, cause.limit, cause.used)
+        self.ancestor = ancestor
+        self.details["ancestor"] = ancestor
+        self.message = f"the budget of ancestor {ancestor!r} ({name}) has no room: {cause.message}"
+        self.args = (self.message,)
+
+
+class RunNotFoundError(DaemonError):
+    """No agent belongs to a run of that id."""
+
+    code = "run_not_found"
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no run with id {run_id!r}", run_id=run_id)
 
 
 class NothingToSendError(DaemonError):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from corral.daemon._records import AgentRecord, TurnUsage
 
@@ -138,12 +138,15 @@ class ResolvedData(TypedDict, total=False):
 
 class BudgetChangedData(TypedDict):
     """``agent.budget_changed``: the budget in force from now on and the one before, as the
-    spec's ``budget`` (camelCase; None is unlimited), and who changed it and why."""
+    spec's ``budget`` (camelCase; None is unlimited), and who changed it and why;
+    ``capped``: the dimensions asked beyond what the agent's ancestors had left (each
+    ``{dimension, asked, granted}``), when any were."""
 
     budget: dict[str, Any]
     previous: dict[str, Any]
     by: str | None
     why: str | None
+    capped: NotRequired[list[dict[str, Any]]]
 
 
 class CommandData(TypedDict):
@@ -199,10 +202,15 @@ def turn_done(agent_id: str) -> NewEvent:
     return NewEvent(STATE_CHANGED, agent_id, data)
 
 
-def stopped(agent_id: str, was: str, by: str | None, why: str | None = None) -> NewEvent:
+def stopped(
+    agent_id: str, was: str, by: str | None, why: str | None = None, *, run: str | None = None
+) -> NewEvent:
     """The agent was stopped, by whom and why (``why`` is in the log since it was added; an
-    older ``stopped`` event has no such key)."""
+    older ``stopped`` event has no such key); ``run``: as part of stopping that whole run
+    (``runStop``, the same ``by`` and ``why`` on each of its agents)."""
     data = {"from": was, "to": "stopped", "reason": "stopped", "by": by, "why": why}
+    if run is not None:
+        data["runStop"] = run
     return NewEvent(STATE_CHANGED, agent_id, data)
 
 
@@ -220,10 +228,14 @@ def held(
     *,
     decision: str,
     dimension: str | None = None,
+    ancestor: str | None = None,
 ) -> list[NewEvent]:
     """The agent is held in ``blocked`` until a person answers ``decision``; ``dimension``
-    names the budget that ran out, when one did."""
+    names the budget that ran out, when one did, and ``ancestor`` the ancestor whose budget
+    it was (see _tree_budget)."""
     extra = {} if dimension is None else {"dimension": dimension}
+    if ancestor is not None:
+        extra["ancestor"] = ancestor
     changed = {
         "from": was,
         "to": "blocked",
@@ -264,14 +276,18 @@ def budget_changed(
     previous: Mapping[str, Any],
     by: str | None,
     why: str | None,
+    capped: Sequence[Mapping[str, Any]] = (),
 ) -> NewEvent:
-    """A person (or an agent, lowering it) changed the agent's budget."""
+    """A person (or an agent, lowering it) changed the agent's budget; ``capped``: what it
+    asked beyond what the agent's ancestors had left."""
     data: BudgetChangedData = {
         "budget": dict(budget),
         "previous": dict(previous),
         "by": by,
         "why": why,
     }
+    if capped:
+        data["capped"] = [dict(c) for c in capped]
     return NewEvent(BUDGET_CHANGED, agent_id, dict(data))
 
 

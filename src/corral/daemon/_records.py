@@ -46,7 +46,9 @@ class AgentRecord(TypedDict):
     lastOutput: str | None
     lastError: str | None
     usage: Usage
+    treeUsage: NotRequired[Usage]  # its own usage plus its descendants' (see _tree_budget)
     budget: NotRequired[dict[str, Any]]  # the budget in force, once changed since spawn
+    budgetCapped: NotRequired[list[dict[str, Any]]]  # what its ancestors' room capped
     workdir: str
     createdAt: str
     updatedAt: str
@@ -96,6 +98,7 @@ class DecisionRecord(TypedDict):
     answers: list[str]
     error: NotRequired[str | None]
     dimension: NotRequired[str]
+    ancestor: NotRequired[str]  # a budget hold: the ancestor whose budget has no room
     # approvals
     action: NotRequired[str]
     context: NotRequired[dict[str, Any]]

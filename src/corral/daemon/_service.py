@@ -29,12 +29,13 @@ from corral.daemon import (
     _decisions,
     _notices,
     _queries,
+    _runs,
     _tokens,
+    _tree_budget,
     _turns,
 )
 from corral.daemon import _events as ev
 from corral.daemon._approvals import Verdict
-from corral.daemon._budget import NOTHING_SPENT
 from corral.daemon._commands import CommandResult
 from corral.daemon._errors import (
     AgentBudgetExhaustedError,
@@ -359,15 +360,25 @@ class AgentService:
             _admission.check_headcount(state, run_id, spec, self._spec)
             agent_id = self._new_agent_id()
             now = self.clock.now()
+            # A child gets no more than its ancestors have left (see _tree_budget).
+            granted, capped = _tree_budget.at_spawn(spec.budget, parent, state.agents.get, now)
             # A first turn that the budget leaves no room for (maxTurns 0, deadlineS 0, ...)
             # does not start: the agent is created held, as a prompt would leave it.
-            budget = spec.budget.to_budget()
-            exhausted = _budget.exhausted(budget, NOTHING_SPENT, 0.0) if spec.prompt else None
-            starts = bool(spec.prompt) and exhausted is None
             workdir = str(self._workdir(agent_id))
             rec = _admission.new_record(
-                agent_id, spec, parent, run_id, workdir, now.isoformat(), starts=starts
+                agent_id, spec, parent, run_id, workdir, now.isoformat(), starts=False
             )
+            if capped:
+                rec["budget"] = granted.model_dump(by_alias=True)
+                rec["budgetCapped"] = [dict(c) for c in capped]
+            exhausted = (
+                _tree_budget.exhausted(rec, granted.to_budget(), state.agents.get, now)
+                if spec.prompt
+                else None
+            )
+            starts = bool(spec.prompt) and exhausted is None
+            if starts:
+                rec["state"] = "running"
             events = [ev.agent_created(rec)]
             if starts and spec.prompt:
                 events.append(ev.turn_started(agent_id, 1, spec.prompt, retry=False, notices=[]))
@@ -419,7 +430,9 @@ class AgentService:
             prompt = text if text else rec["lastPrompt"]
             if not prompt:
                 raise NothingToSendError(agent_id)
-            exhausted = _decisions.exhausted(rec, self._spec(agent_id), self.clock.now())
+            exhausted = _decisions.exhausted(
+                rec, self._spec(agent_id), self.clock.now(), self.store.state.agents.get
+            )
             if exhausted is None and rec["state"] == "blocked" and rec["reason"] == BUDGET_HELD:
                 # Held on its budget (the harness found no room for its next model call,
                 # which this count may not show): only a bigger budget lets it go on.
@@ -470,24 +483,83 @@ class AgentService:
             self._refuse_if_closed("stop")
             self._still_pending(answering)
             rec = self._live(agent_id)
-            task = self._turns.pop(agent_id, None)
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-            events: list[NewEvent] = []
-            if rec["turnInFlight"] is not None:
-                events.append(ev.turn_interrupted(agent_id, rec["turnInFlight"], "agent stopped"))
-            if rec["state"] == "blocked":
-                events += _decisions.resolve_hold(self.store.state, rec, "stop", by, why, note)
-            events += self._withdraw(agent_id, "the agent was stopped")
-            events.append(ev.stopped(agent_id, rec["state"], by, why))
-            events += _decisions.drop_pending(self.store.state, agent_id)
+            events = await self._stopping(rec, by, why, note)
             result = CommandResult(202, {"id": agent_id, "accepted": "stop"})
             if answering is not None:
                 result = CommandResult(200, answering.body(agent_id))
             await self._commit(events, idempotency_key, command, result)
+        await self._stopped(agent_id)
+        return result
+
+    async def _stopping(
+        self,
+        rec: AgentRecord,
+        by: str | None,
+        why: str | None,
+        note: str | None,
+        *,
+        run: str | None = None,
+    ) -> list[NewEvent]:
+        """Cancel the live agent's turn in flight (its process killed) and answer the events
+        that stop it (``run``: as part of stopping that run). Call with the mutex held,
+        then commit them, then :meth:`_stopped`."""
+        agent_id = rec["id"]
+        task = self._turns.pop(agent_id, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        events: list[NewEvent] = []
+        if rec["turnInFlight"] is not None:
+            events.append(ev.turn_interrupted(agent_id, rec["turnInFlight"], "agent stopped"))
+        if rec["state"] == "blocked":
+            events += _decisions.resolve_hold(self.store.state, rec, "stop", by, why, note)
+        events += self._withdraw(agent_id, "the agent was stopped")
+        events.append(ev.stopped(agent_id, rec["state"], by, why, run=run))
+        events += _decisions.drop_pending(self.store.state, agent_id)
+        return events
+
+    async def _stopped(self, agent_id: str) -> None:
+        """After a stop is committed: end what the harness keeps for the agent, and its
+        working directory."""
         await self._release(agent_id)
         shutil.rmtree(self._workdir(agent_id), ignore_errors=True)
+
+    def run(self, run_id: str, *, top: str | None = None) -> Json:
+        """``GET /runs/{id}``: the run's tree (from agent ``top`` down, when given), usage
+        against limits at each node, and its headcount (see :mod:`._runs`).
+        ``RunNotFoundError`` for a run no agent is in."""
+        state = self.store.state
+        return _runs.view(state, run_id, None if top is None else self._record(top))
+
+    async def stop_run(
+        self,
+        run_id: str,
+        *,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+        note: str | None = None,
+    ) -> CommandResult:
+        """Stop every live agent of the run, children before their parents (deepest first),
+        in one commit: each ``agent.state_changed`` to ``stopped`` carries the same ``by``
+        and ``why`` and ``runStop`` (the run's id); 202 ``{"runId", "accepted", "stopped"}``
+        (the ids stopped, in order). ``RunNotFoundError`` for a run no agent is in."""
+        command = {"command": "stop_run", "run": run_id}
+        async with self._mutex:
+            replayed = _commands.replayed(self.store.state, idempotency_key, command)
+            if replayed is not None:
+                return replayed
+            self._refuse_if_closed("stop_run")
+            root = _runs.root_of(self.store.state, run_id)
+            order = _runs.stop_order(self.store.state, root)
+            events: list[NewEvent] = []
+            for rec in order:
+                events += await self._stopping(rec, by, why, note, run=run_id)
+            stopped = [rec["id"] for rec in order]
+            result = CommandResult(202, {"runId": run_id, "accepted": "stop", "stopped": stopped})
+            await self._commit(events, idempotency_key, command, result)
+        for agent_id in stopped:
+            await self._stopped(agent_id)
         return result
 
     async def change_budget(
@@ -530,7 +602,13 @@ class AgentService:
             if lower_only is not None and _budget.raises(new, current):
                 raise OutOfScopeError(lower_only, "raising a budget (a person decides)")
             now = self.clock.now()
-            events = _decisions.budget_changed(self.store.state, rec, spec, new, by, why, now, note)
+            # No more than its ancestors have left (see _tree_budget), and it says so.
+            new, capped = _tree_budget.on_change(
+                rec, current, new, self.store.state.agents.get, now
+            )
+            events = _decisions.budget_changed(
+                self.store.state, rec, spec, new, by, why, now, note, capped=capped
+            )
             after = preview(self.store.state, events, now.isoformat()).get_agent(agent_id)
             assert after is not None
             if answering is not None and after["state"] == "blocked":
@@ -1028,6 +1106,7 @@ class AgentService:
             env=env,
             check_action=self._harness_check,
             paused_s=pauses.paused_s,
+            lookup=self.store.state.agents.get,
         )
         outcome = await _turns.run(self.harnesses[spec.harness], turn_request)
         await self._settle_turn(agent_id, turn, outcome)
@@ -1046,6 +1125,7 @@ class AgentService:
             env=_turns.agent_env(rec, self.url, self._token),
             check_action=self._harness_check,
             paused_s=self.pauses(agent_id).paused_s,
+            lookup=self.store.state.agents.get,
         )
         logger.info("agent %s: adopting turn %d, left waiting on a person", agent_id, turn)
         outcome = await _turns.adopt(harness, turn_request)

@@ -32,13 +32,14 @@ from corral.daemon._records import (
     Notice,
     TokenRecord,
     TurnUsage,
+    Usage,
 )
 
 LIVE_STATES = frozenset({"running", "waiting", "idle", "blocked"})
 ENDED_STATES = frozenset({"failed", "stopped"})
 BUSY_STATES = frozenset({"running", "waiting"})  # a turn is in flight
 
-PROJECTIONS_VERSION = 2
+PROJECTIONS_VERSION = 3
 """Bumped whenever the reducer builds the projections differently: a store whose stored
 projections carry another version rebuilds them from the log when it opens."""
 
@@ -180,6 +181,8 @@ def _created(tx: Tx, event: Event) -> None:
     rec = cast(AgentRecord, dict(event.data["agent"]))
     rec.setdefault("createdAt", event.ts)
     rec.setdefault("updatedAt", event.ts)
+    # What the agent and its descendants spend (see _tree_budget): nothing yet.
+    rec.setdefault("treeUsage", cast(Usage, dict(rec["usage"])))
     tx.agents[_agent_id(event)] = rec
     parent = rec.get("parent")
     if parent is not None:
@@ -209,16 +212,32 @@ def _turn_started(tx: Tx, event: Event) -> None:
 def _add_usage(rec: AgentRecord, usage: TurnUsage | None) -> None:
     """Count one turn's ``usage`` (``tokens``, ``costUsd`` or None if unknown) into ``rec``;
     a turn that reported nothing counts as a turn that spent nothing."""
+    rec["usage"] = _plus(rec["usage"], usage)
+
+
+def _plus(old: Usage, usage: TurnUsage | None) -> Usage:
+    """``old`` with one more turn that spent ``usage``."""
     usage = usage or {"tokens": 0}
-    old = rec["usage"]
     cost = usage.get("costUsd", 0.0)
-    rec["usage"] = {
+    return {
         "tokens": old["tokens"] + int(usage.get("tokens", 0)),
         "costUsd": old["costUsd"] + float(cost or 0.0),
         "turns": old["turns"] + 1,
         # Turns whose cost nobody could price: a dollar budget cannot vouch for them.
         "unpricedTurns": old.get("unpricedTurns", 0) + (1 if cost is None else 0),
     }
+
+
+def _add_tree_usage(tx: Tx, rec: AgentRecord, usage: TurnUsage | None) -> None:
+    """Count one turn of ``rec`` into the ``treeUsage`` of ``rec`` and of each ancestor:
+    every turn counts against the agent and each of its ancestors (see _tree_budget)."""
+    current: AgentRecord | None = rec
+    seen: set[str] = set()
+    while current is not None and current["id"] not in seen:
+        seen.add(current["id"])
+        current["treeUsage"] = _plus(current.get("treeUsage") or current["usage"], usage)
+        parent = current["parent"]
+        current = None if parent is None else tx.agent(parent)
 
 
 def _turn_completed(tx: Tx, event: Event) -> None:
@@ -228,6 +247,7 @@ def _turn_completed(tx: Tx, event: Event) -> None:
     rec["consecutiveFailures"] = 0
     rec["lastOutput"] = data.get("output")
     rec["lastError"] = None
+    _add_tree_usage(tx, rec, data.get("usage"))
     _add_usage(rec, data.get("usage"))
     rec["updatedAt"] = event.ts
 
@@ -238,6 +258,7 @@ def _turn_failed(tx: Tx, event: Event) -> None:
     rec["turnInFlight"] = None
     rec["consecutiveFailures"] = data["consecutiveFailures"]
     rec["lastError"] = data["error"]
+    _add_tree_usage(tx, rec, data.get("usage"))
     _add_usage(rec, data.get("usage"))
     rec["updatedAt"] = event.ts
 
@@ -274,6 +295,11 @@ def _budget_changed(tx: Tx, event: Event) -> None:
     rec = tx.agent(_agent_id(event))
     data = cast(BudgetChangedData, event.data)
     rec["budget"] = dict(data["budget"])
+    # What the change asked beyond what the ancestors had left (see _tree_budget), if any.
+    if data.get("capped"):
+        rec["budgetCapped"] = list(data["capped"])
+    else:
+        rec.pop("budgetCapped", None)
     rec["updatedAt"] = event.ts
 
 
@@ -315,6 +341,8 @@ def _supervision_needed(tx: Tx, event: Event) -> None:
     }
     if data.get("dimension") is not None:
         opened["dimension"] = data["dimension"]
+    if data.get("ancestor") is not None:
+        opened["ancestor"] = data["ancestor"]
     tx.decisions[decision_id] = opened
     rec["decision"] = decision_id
 

@@ -25,6 +25,7 @@ STATUS: dict[str, int] = {
     "out_of_scope": 403,
     "agent_not_found": 404,
     "decision_not_found": 404,
+    "run_not_found": 404,
     "not_found": 404,
     "unknown_target": 404,
     "token_not_found": 404,

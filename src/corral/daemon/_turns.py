@@ -10,7 +10,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from corral.daemon import _budget
+from corral.daemon import _budget, _tree_budget
 from corral.daemon._auth import agent_token
 from corral.daemon._records import AgentRecord
 from corral.daemon._spec import AgentSpec
@@ -55,11 +55,13 @@ def request(
     env: dict[str, str],
     check_action: ActionCheck | None = None,
     paused_s: Callable[[], float] | None = None,
+    lookup: _tree_budget.Lookup | None = None,
 ) -> TurnRequest:
-    """Turn ``turn`` of the agent, with what is left of its budget at ``now``, the action
-    check its harness asks before each tool call, and how long it has waited on people."""
-    age = _budget.age_s(rec["createdAt"], now)
-    remaining = _budget.remaining(_budget.in_force(rec, spec).to_budget(), rec["usage"], age)
+    """Turn ``turn`` of the agent, with what is left of its budget at ``now`` (and of each
+    ancestor's, found with ``lookup``: the tightest of them), the action check its harness
+    asks before each tool call, and how long it has waited on people."""
+    own = _budget.in_force(rec, spec).to_budget()
+    remaining = _tree_budget.remaining(rec, own, lookup or _no_agent, now)
     timeout_s = spec.turn_timeout_s
     if remaining.deadline_s is not None and remaining.deadline_s < timeout_s:
         # A turn may not outlive the agent's deadline: it is cut short (a failed turn). The
@@ -79,6 +81,10 @@ def request(
         check_action=check_action,
         paused_s=paused_s,
     )
+
+
+def _no_agent(agent_id: str) -> AgentRecord | None:
+    return None
 
 
 def workdir(home: Path, agent_id: str) -> Path:

@@ -31,7 +31,7 @@ from corral.daemon._auth import (
 )
 from corral.daemon._databases import Databases
 from corral.daemon._errors import InvalidRequestError, UnauthorizedError
-from corral.daemon._http import _agents, _decisions, _gateway, _tokens
+from corral.daemon._http import _agents, _decisions, _gateway, _runs, _tokens
 from corral.daemon._http._common import (
     ApiRoute,
     BodyTooLargeError,
@@ -48,7 +48,13 @@ from corral.kernel import _validate as v
 
 logger = logging.getLogger("corral.daemon.http")
 
-ROUTES: list[ApiRoute] = [*_agents.ROUTES, *_decisions.ROUTES, *_tokens.ROUTES, *_gateway.ROUTES]
+ROUTES: list[ApiRoute] = [
+    *_agents.ROUTES,
+    *_runs.ROUTES,
+    *_decisions.ROUTES,
+    *_tokens.ROUTES,
+    *_gateway.ROUTES,
+]
 
 
 # --- the app ------------------------------------------------------------------------------
