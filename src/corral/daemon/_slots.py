@@ -105,6 +105,8 @@ class TurnSlots:
                 return
             best = min(waiting, key=lambda p: (self._passes.get(p, 0), -p))
             _, granted = self._queues[best].popleft()
+            if granted.done():
+                continue  # cancelled, its task not yet told: it takes no slot
             self._last_pass = self._passes.get(best, 0)
             self._passes[best] = self._last_pass + _SCALE // max(1, int(best))
             self._running += 1
