@@ -212,6 +212,7 @@ class GatedHarness(ScriptedHarness):
         queue = self.outcomes[request.spec.name]
         if queue and isinstance(queue[0], Gated):
             gated = queue.popleft()
+            assert isinstance(gated, Gated)
             self.requests.append(request)
             self.running.add(request.agent_id)
             try:
