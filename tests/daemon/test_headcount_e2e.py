@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,10 @@ def state(api: httpx.Client, agent_id: str) -> str:
     answer = api.get(f"/agents/{agent_id}")
     assert answer.status_code == 200, answer.text
     return str(answer.json()["state"])
+
+
+def is_idle(api: httpx.Client, agent_id: str) -> bool:
+    return state(api, agent_id) == "idle"
 
 
 def active_in(api: httpx.Client, run_id: str) -> int:
@@ -125,13 +130,14 @@ def test_a_critical_turn_runs_before_the_low_ones_waiting_for_a_slot(
     wait_for(lambda: state(api, holder) == "running", "the holder to run")
     lows = [spawned(api, f"low{i}", priority="low", **worker) for i in range(3)]
     boss = spawned(api, "boss", priority="critical", **worker)
+
+    def queued(agent_id: str) -> bool:
+        return bool(api.get(f"/agents/{agent_id}").json().get("queued"))
+
     for agent_id in (*lows, boss):
-        wait_for(
-            lambda a=agent_id: api.get(f"/agents/{a}").json().get("queued"),
-            f"agent {agent_id} to wait for a turn slot",
-        )
+        wait_for(partial(queued, agent_id), f"agent {agent_id} to wait for a turn slot")
     go.write_text("go")
     for agent_id in (holder, *lows, boss):
-        wait_for(lambda a=agent_id: state(api, a) == "idle", f"agent {agent_id} to be idle")
+        wait_for(partial(is_idle, api, agent_id), f"agent {agent_id} to be idle")
     order = log.read_text().split()
     assert order == ["holder", "boss", "low0", "low1", "low2"], json.dumps(order)
