@@ -229,6 +229,28 @@ class Gated:
         self.error = error
 
 
+async def test_a_finishing_turn_that_asks_a_person_resumes_waiting(
+    run: Run, harness: ScriptedHarness
+) -> None:
+    await run.root(2)
+    harness.script("worker", "hang")
+    rules = [{"match": "deploy", "verdict": "ask", "reason": "a person decides"}]
+    worker = await run.spawn("worker", priority="low", prompt="job", guardrails=rules)
+    await settle(lambda: worker in harness.running)
+    boss = await run.spawn("boss", priority="critical")
+    verdict = await run.service.check_action(worker, "deploy web")
+    assert verdict.decision is not None
+    assert run.state(worker) == "paused"
+    await run.service.stop(boss)
+    rec = run.rec(worker)
+    assert rec["state"] == "waiting"
+    assert rec["decision"] == verdict.decision
+    await run.service.answer(verdict.decision, "approve")
+    assert run.state(worker) == "running"
+    harness.release("worker")
+    await run.settled(worker, "idle")
+
+
 async def test_a_failed_turn_while_paused_keeps_its_retry_for_the_resume(
     make_service: MakeService, sqlite_store: SQLiteStore
 ) -> None:

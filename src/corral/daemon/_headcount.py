@@ -299,8 +299,20 @@ def resume_events(
     """Resume paused agent ``rec`` (headcount freed): the events, and the turn to start
     (its number and prompt), if one starts."""
     agent_id = rec["id"]
-    if rec["turnInFlight"] is not None:
-        return [ev.unpaused(agent_id, "running")], None  # its finishing turn goes on
+    turn_in_flight = rec["turnInFlight"]
+    if turn_in_flight is not None:
+        # Its finishing turn goes on: waiting, when it asked a person while paused.
+        asked = [
+            d["id"]
+            for d in state.decisions.values()
+            if d["kind"] == "approval"
+            and d["state"] == "pending"
+            and d["agentId"] == agent_id
+            and d.get("turn") == turn_in_flight
+        ]
+        if asked:
+            return [ev.unpaused(agent_id, "waiting", reason="approval", decision=asked[0])], None
+        return [ev.unpaused(agent_id, "running")], None
     resume_to = rec.get("resumeTo", "idle")
     if resume_to == "blocked":
         found = state.decisions.get(rec.get("decision") or "")
