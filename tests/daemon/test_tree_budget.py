@@ -275,7 +275,7 @@ async def test_a_runs_view_shows_the_tree_usage_against_limits_and_the_headcount
     await service.stop(b["id"])
     view = service.run(root["runId"])
     assert (view["runId"], view["rootId"], view["top"]) == (root["runId"], root["id"], root["id"])
-    assert view["headcount"] == {"live": 3, "maxAgents": 5}
+    assert view["headcount"] == {"active": 3, "paused": 0, "max": 5, "allowPreempt": True}
     shown = [(n["id"], n["depth"], n["state"]) for n in view["agents"]]
     assert shown == [
         (root["id"], 0, "idle"),

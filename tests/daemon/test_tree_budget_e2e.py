@@ -100,7 +100,7 @@ def test_a_child_that_tries_to_overspend_gets_what_is_left_and_the_tree_stops_at
         126,
         100,
     )
-    assert view["headcount"]["live"] == 3
+    assert view["headcount"]["active"] == 3
     shown = cli(daemon, "run", root["runId"])
     assert shown.returncode == 0, shown.stderr
     assert "tokens 126/100" in shown.stdout
@@ -137,4 +137,4 @@ def test_corral_stop_run_stops_every_agent_children_first_with_one_reason(
     assert [e["agentId"] for e in interrupted] == [child["id"]]
     view = api.get(f"/runs/{root['runId']}").json()
     assert {n["state"] for n in view["agents"]} == {"stopped"}
-    assert view["headcount"]["live"] == 0
+    assert view["headcount"]["active"] == 0

@@ -724,3 +724,41 @@ def test_the_tracker_keeps_the_shared_budget_object() -> None:
     t = SpawnTracker(budget)
     assert t.spawn_budget is budget
     assert (t.max_agents, t.free_slots) == (7, 7)
+
+
+# --- pausable and restore (the daemon's headcount) ---------------------------------------------
+
+
+async def test_pausable_narrows_who_may_be_paused() -> None:
+    t = tracker(2)
+    await t.acquire("waits", P.LOW)
+    await t.acquire("works", P.LOW)
+    # The most recent LOW agent may not be paused: the other one is.
+    assert await t.acquire("boss", P.CRITICAL, pausable=lambda a: a != "works") == "waits"
+    with pytest.raises(SpawnBudgetExceeded) as info:
+        await t.acquire("boss2", P.CRITICAL, pausable=lambda a: a != "works")
+    assert "may be paused" in info.value.why
+    assert_invariants(t)
+
+
+async def test_restore_rebuilds_active_and_paused_in_order() -> None:
+    t = tracker(2)
+    t.restore("old", P.LOW)
+    t.restore("new", P.LOW)
+    t.restore("p_normal", P.NORMAL, paused=True)
+    t.restore("p_high", P.HIGH, paused=True)
+    assert list(t.active) == ["old", "new"]
+    assert list(t.paused) == ["p_high", "p_normal"]
+    # The most recently restored LOW agent is paused first; the best paused resumes first.
+    assert await t.acquire("boss", P.CRITICAL) == "new"
+    with pytest.raises(AgentAlreadyTrackedError):
+        t.restore("boss", P.LOW)
+
+
+async def test_restore_then_release_resumes_by_priority() -> None:
+    t = tracker(1)
+    t.restore("a", P.LOW)
+    t.restore("p_low", P.LOW, paused=True)
+    t.restore("p_crit", P.CRITICAL, paused=True)
+    assert await t.release("a") == "p_crit"
+    assert_invariants(t)

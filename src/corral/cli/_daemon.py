@@ -63,6 +63,15 @@ def serve(
             "before its own (an organisation's policy).",
         ),
     ] = None,
+    max_concurrent_turns: Annotated[
+        int | None,
+        typer.Option(
+            "--max-concurrent-turns",
+            min=1,
+            help="At most N agent turns run at once (default: no limit); waiting turns get "
+            "slots by their agents' priority (critical first, then weighted shares).",
+        ),
+    ] = None,
 ) -> None:
     """Run the daemon until interrupted."""
     from corral.daemon._server import ServeConfig, log_to_stderr
@@ -81,6 +90,8 @@ def serve(
         config["home"] = home
     if guardrails is not None:
         config["guardrails"] = guardrails
+    if max_concurrent_turns is not None:
+        config["max_concurrent_turns"] = max_concurrent_turns
     with refusals(), suppress(KeyboardInterrupt):
         server_config = ServeConfig(**config)
         log_to_stderr()

@@ -17,6 +17,7 @@ STATE_STYLES = {
     "waiting": "magenta",
     "idle": "green",
     "blocked": "yellow",
+    "paused": "blue",
     "failed": "red",
     "stopped": "dim",
 }

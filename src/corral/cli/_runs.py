@@ -37,9 +37,11 @@ def render(found: dict[str, Any]) -> Any:
 
     count = found.get("headcount") or {}
     title = (
-        f"run {cell(found.get('runId'))}  agents {cell(count.get('live'))}/"
-        f"{cell(count.get('maxAgents'))} live"
+        f"run {cell(found.get('runId'))}  agents {cell(count.get('active'))}/"
+        f"{cell(count.get('max'))} active"
     )
+    if count.get("paused"):
+        title += f", {cell(count.get('paused'))} paused"
     tree = Tree(title)
     # The nodes come depth first, each after its parent: a stack of the open branches.
     branches: list[Any] = [tree]

@@ -1,17 +1,15 @@
-"""Whether a new agent may be created (its parent, its harness, its run's headcount), and the
-record it starts with."""
+"""Whether a new agent may be created (its parent, its harness), and the record it starts
+with. Its run's headcount is ``_headcount``'s."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container
+from collections.abc import Container
 
 from corral.daemon._budget import NOTHING_SPENT
-from corral.daemon._errors import InvalidSpecError, SpawnRefusedError
+from corral.daemon._errors import InvalidSpecError
 from corral.daemon._records import AgentRecord
 from corral.daemon._spec import AgentSpec
-from corral.daemon._state import ENDED_STATES, LIVE_STATES, State
-
-DEFAULT_MAX_AGENTS = 50  # a run's headcount when its root sets no spawn budget
+from corral.daemon._state import ENDED_STATES, State
 
 
 def parent_of(state: State, spec: AgentSpec, harnesses: Container[str]) -> AgentRecord | None:
@@ -31,28 +29,6 @@ def parent_of(state: State, spec: AgentSpec, harnesses: Container[str]) -> Agent
             [{"field": "harness", "message": f"harness {spec.harness!r} is not available"}]
         )
     return parent
-
-
-def check_headcount(
-    state: State, run_id: str, spec: AgentSpec, spec_of: Callable[[str], AgentSpec]
-) -> None:
-    """:class:`SpawnRefusedError` when run ``run_id`` has as many live agents as its root's
-    spawn budget allows (``spec_of`` gives an agent's parsed spec)."""
-    limit = DEFAULT_MAX_AGENTS
-    if spec.parent is None:
-        if spec.spawn_budget:
-            limit = spec.spawn_budget.max_agents
-    else:
-        for rec in state.agents.values():
-            if rec["runId"] == run_id and rec["parent"] is None:
-                root = spec_of(rec["id"])
-                limit = root.spawn_budget.max_agents if root.spawn_budget else DEFAULT_MAX_AGENTS
-                break
-    live = sum(
-        1 for a in state.agents.values() if a["runId"] == run_id and a["state"] in LIVE_STATES
-    )
-    if live >= limit:
-        raise SpawnRefusedError(run_id, limit, live)
 
 
 def new_record(

@@ -180,13 +180,30 @@ class SpawnRefusedError(DaemonError, RefusalError):
     code = "spawn_budget_exceeded"
     default_retryable = True
 
-    def __init__(self, run_id: str, max_agents: int, live: int) -> None:
+    def __init__(self, run_id: str, max_agents: int, live: int, why: str | None = None) -> None:
+        # ``live``: the agents that count against the cap (paused ones do not).
         super().__init__(
             f"spawn budget exceeded: run {run_id!r} has {live} live agents of a cap of "
-            f"{max_agents}",
+            f"{max_agents}" + (f" ({why})" if why else ""),
             run_id=run_id,
             max_agents=max_agents,
             live=live,
+        )
+
+
+class AgentPausedError(DaemonError):
+    """The agent is paused (preempted at its run's headcount cap): it takes no prompt until
+    it resumes, which it does by itself as soon as headcount frees (retryable)."""
+
+    code = "agent_paused"
+    default_retryable = True
+
+    def __init__(self, agent_id: str, by: str | None) -> None:
+        super().__init__(
+            f"agent {agent_id!r} is paused (preempted by {by!r} at its run's headcount cap); "
+            "it resumes by itself when headcount frees: try again then",
+            agent_id=agent_id,
+            by=by,
         )
 
 

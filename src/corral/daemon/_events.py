@@ -113,6 +113,8 @@ class StateChangedData(TypedDict, total=False):
     error: str | None
     dimension: str
     decision: str  # the decision a blocked or waiting agent waits on
+    by: str | None  # who stopped it; to ``paused``: the agent it was preempted for
+    resumeTo: str  # to ``paused``: idle, blocked, retry or turn (see _headcount)
 
 
 class ResolvedData(TypedDict, total=False):
@@ -267,6 +269,31 @@ def waiting(agent_id: str, decision: str, *, was: str = "running") -> NewEvent:
 def resumed(agent_id: str) -> NewEvent:
     """The decisions the agent's turn waited on are answered: the turn goes on."""
     data = {"from": "waiting", "to": "running", "reason": "answered"}
+    return NewEvent(STATE_CHANGED, agent_id, data)
+
+
+def paused(
+    agent_id: str, was: str, by: str | None, resume_to: str, *, decision: str | None = None
+) -> NewEvent:
+    """The agent is paused: preempted at its run's headcount cap for agent ``by`` (``was``
+    paused: what it resumes to changed, its turn in flight having ended). ``resume_to``:
+    ``idle``, ``blocked`` (on ``decision``), ``retry`` or ``turn`` (see ``_headcount``)."""
+    data: dict[str, Any] = {
+        "from": was,
+        "to": "paused",
+        "reason": "preempted",
+        "by": by,
+        "resumeTo": resume_to,
+    }
+    if decision is not None:
+        data["decision"] = decision
+    return NewEvent(STATE_CHANGED, agent_id, data)
+
+
+def unpaused(agent_id: str, to: str, *, reason: str | None = "resumed", **fields: Any) -> NewEvent:
+    """A paused agent resumes (headcount freed): ``to`` idle, running (its turn still in
+    flight, or run again) or blocked (``fields``: the ``error``, ``decision``, ...)."""
+    data = {"from": "paused", "to": to, "reason": reason, **fields}
     return NewEvent(STATE_CHANGED, agent_id, data)
 
 

@@ -53,6 +53,12 @@ class AgentRecord(TypedDict):
     createdAt: str
     updatedAt: str
     endedAt: NotRequired[str]
+    # while paused (preempted at the run's cap; see _headcount): for whom, since when, and
+    # what it resumes to (idle, blocked, retry: a retry its policy asked for, turn: its
+    # cancelled turn again)
+    pausedBy: NotRequired[str]
+    pausedAt: NotRequired[str]
+    resumeTo: NotRequired[str]
 
 
 # ``from`` is a keyword: the functional form spells the key as the JSON does.

@@ -10,17 +10,10 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 from corral.daemon import _tree_budget
-from corral.daemon._admission import DEFAULT_MAX_AGENTS
 from corral.daemon._errors import RunNotFoundError
+from corral.daemon._headcount import headcount
 from corral.daemon._records import AgentRecord, Usage
 from corral.daemon._state import LIVE_STATES, State
-
-
-class Headcount(TypedDict):
-    """The run's live agents against its cap (the root's ``spawnBudget.maxAgents``)."""
-
-    live: int
-    maxAgents: int
 
 
 class RunNode(TypedDict):
@@ -45,18 +38,6 @@ def root_of(state: State, run_id: str) -> AgentRecord:
         if rec["runId"] == run_id and rec["parent"] is None:
             return rec
     raise RunNotFoundError(run_id)
-
-
-def headcount(state: State, run_id: str) -> Headcount:
-    """The run's live agents and its cap. The one place a run's headcount is read for
-    ``GET /runs/{id}``: swap it for a richer one (paused agents) here."""
-    root = root_of(state, run_id)
-    spawn_budget = root["spec"].get("spawnBudget") or {}
-    cap = spawn_budget.get("maxAgents", DEFAULT_MAX_AGENTS)
-    live = sum(
-        1 for a in state.agents.values() if a["runId"] == run_id and a["state"] in LIVE_STATES
-    )
-    return {"live": live, "maxAgents": cap}
 
 
 def tree(state: State, top: AgentRecord) -> list[RunNode]:

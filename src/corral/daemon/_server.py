@@ -102,6 +102,8 @@ class ServeConfig:
     :class:`TokenRequiredError` here, before anything starts (a client elsewhere must be
     given the token anyway). ``store`` is a URL for :func:`open_store`; ``home`` (default
     ``CORRAL_HOME``, else ``.corral``) holds the agents' directories and the token file.
+    ``max_concurrent_turns`` bounds the turns that run at once (None: no bound), shared
+    by the agents' priorities (docs/daemon.md, "Headcount and priority").
     ``heartbeat_s`` spaces the
     SSE heartbeat comments; ``shutdown_timeout_s`` bounds the wait for open requests when
     stopping. Bad values raise ``InvalidArgumentError``.
@@ -121,6 +123,7 @@ class ServeConfig:
     db_max_rows: int = 1000
     db_options: Mapping[str, TargetOptions] = field(default_factory=dict)
     guardrails: str | Path | None = None
+    max_concurrent_turns: int | None = None
 
     def __post_init__(self) -> None:
         where = "ServeConfig"
@@ -152,6 +155,7 @@ class ServeConfig:
         v.positive_int(where, "db_max_rows", self.db_max_rows)
         check_target_options(where, self.databases, self.db_options)
         v.instance_of(where, "guardrails", self.guardrails, (str, Path, type(None)))
+        v.positive_int(where, "max_concurrent_turns", self.max_concurrent_turns, optional=True)
         object.__setattr__(self, "db_options", dict(self.db_options))
         if token is None and not is_loopback_host(self.host):
             raise TokenRequiredError(self.host)
@@ -203,6 +207,7 @@ async def serve(
                 clock=clock,
                 token=token,
                 guardrails=rules,
+                max_concurrent_turns=config.max_concurrent_turns,
             )
             try:
                 await service.start()
@@ -308,6 +313,8 @@ async def _serve_app(
                 auth += f", databases {', '.join(sorted(config.databases))}"
             if config.guardrails is not None:
                 auth += f", guardrails from {config.guardrails}"
+            if config.max_concurrent_turns is not None:
+                auth += f", at most {config.max_concurrent_turns} turns at once"
             print(
                 f"corral: listening on {served.listen_url} (store {_shown_store(config)}{auth})",
                 flush=True,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import secrets
@@ -27,9 +28,11 @@ from corral.daemon import (
     _budget,
     _commands,
     _decisions,
+    _headcount,
     _notices,
     _queries,
     _runs,
+    _slots,
     _tokens,
     _tree_budget,
     _turns,
@@ -143,6 +146,9 @@ class AgentService:
 
     ``guardrails`` are the daemon-wide rules every agent's actions are checked with before
     its own (:meth:`check_action`).
+
+    ``max_concurrent_turns`` bounds the turns that run at once (None: no bound); waiting
+    turns are granted slots by their agents' priorities (see ``_slots``).
     """
 
     def __init__(
@@ -157,6 +163,7 @@ class AgentService:
         token: str | None = None,
         result_retry_s: float = 60.0,
         guardrails: Sequence[Rule] = (),
+        max_concurrent_turns: int | None = None,
     ) -> None:
         where = "AgentService"
         v.instance_of(where, "store", store, Store)
@@ -195,6 +202,10 @@ class AgentService:
         self._closed = False
         # Releases of ended agents' harness workers, run off the mutex (see _release_soon).
         self._releases: set[asyncio.Task[None]] = set()
+        # Each run's headcount cap, and the daemon's concurrent turns (docs/daemon.md,
+        # "Headcount and priority").
+        self._headcount = _headcount.Headcount(clock)
+        self._slots = _slots.TurnSlots(max_concurrent_turns)
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -210,6 +221,8 @@ class AgentService:
         failed ("daemon restarted during turn").
         """
         async with self._mutex:
+            # The runs' headcount as the last daemon left it: paused agents stay paused.
+            freed = await self._headcount.rebuild(self.store.state, self._spec)
             # Which turns to adopt is decided first, from the state the last daemon left:
             # applying a passed deadline below moves a waiting agent back to running.
             adopt = {
@@ -247,6 +260,7 @@ class AgentService:
                     except Exception:
                         logger.exception("agent %s: could not end a leftover process", rec["id"])
                 await self._interrupted(rec, turn)
+            await self._resume(freed)
 
     async def close(self) -> None:
         """Stop running turns (their processes are ended; nothing is written for them, so the
@@ -294,10 +308,16 @@ class AgentService:
     # --- queries ----------------------------------------------------------------------------
 
     def get(self, agent_id: str) -> Json:
-        return dict(self._record(agent_id))
+        return self._shown(self._record(agent_id))
 
     def list_agents(self) -> list[Json]:
-        return [dict(r) for r in self.store.state.agents.values()]
+        return [self._shown(r) for r in self.store.state.agents.values()]
+
+    def _shown(self, rec: AgentRecord) -> Json:
+        # A turn waiting for one of the daemon's concurrent-turn slots: ``queued``.
+        if self._slots.limit is not None and self._slots.waiting(rec["id"]):
+            return {**rec, "queued": True}
+        return dict(rec)
 
     def in_scope(self, principal: str, agent_id: str) -> bool:
         """Whether ``agent_id`` is ``principal`` or one of its descendants (an unknown id is
@@ -357,8 +377,9 @@ class AgentService:
             state = self.store.state
             parent = _admission.parent_of(state, spec, self.harnesses)
             run_id = parent["runId"] if parent else new_id()
-            _admission.check_headcount(state, run_id, spec, self._spec)
             agent_id = self._new_agent_id()
+            # A slot of the run's headcount, or the agent paused for it (refused otherwise).
+            paused = await self._headcount.admit(state, run_id, agent_id, spec, self._spec)
             now = self.clock.now()
             # A child gets no more than its ancestors have left (see _tree_budget).
             granted, capped = _tree_budget.at_spawn(spec.budget, parent, state.agents.get, now)
@@ -379,7 +400,7 @@ class AgentService:
             starts = bool(spec.prompt) and exhausted is None
             if starts:
                 rec["state"] = "running"
-            events = [ev.agent_created(rec)]
+            events = [*self._pausing(paused, agent_id), ev.agent_created(rec)]
             if starts and spec.prompt:
                 events.append(ev.turn_started(agent_id, 1, spec.prompt, retry=False, notices=[]))
             elif exhausted is not None:
@@ -391,6 +412,7 @@ class AgentService:
             result = CommandResult(201, dict(created))
             await self._commit(events, idempotency_key, command, result)
             self._specs[agent_id] = spec
+            await self._preempted(paused)
             if starts and spec.prompt:
                 self._launch(agent_id, 1, spec.prompt)
             return result
@@ -425,6 +447,7 @@ class AgentService:
             self._refuse_if_closed("prompt")
             self._still_pending(answering)
             rec = self._live(agent_id)
+            _headcount.refuse_if_paused(rec)
             if rec["state"] in BUSY_STATES:
                 raise AgentBusyError(agent_id)
             prompt = text if text else rec["lastPrompt"]
@@ -596,6 +619,8 @@ class AgentService:
             self._refuse_if_closed("budget")
             self._still_pending(answering)
             rec = self._live(agent_id)
+            if answering is not None:
+                _headcount.refuse_if_paused(rec)  # its hold is answered once it resumes
             spec = self._spec(agent_id)
             current = _budget.in_force(rec, spec)
             new = _budget.changed(current, changes)
@@ -1071,7 +1096,10 @@ class AgentService:
     # --- turns ------------------------------------------------------------------------------
 
     def _launch(self, agent_id: str, turn: int, prompt: str) -> None:
-        self._start_turn(agent_id, self._run_turn(agent_id, turn, prompt))
+        # The turn starts once one of the daemon's concurrent-turn slots is its.
+        priority = _headcount.priority_of(self._spec(agent_id))
+        work = functools.partial(self._run_turn, agent_id, turn, prompt)
+        self._start_turn(agent_id, self._slots.run(agent_id, priority, work))
 
     def _start_turn(self, agent_id: str, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` (a turn of the agent, to its outcome) as the agent's turn task."""
@@ -1205,6 +1233,7 @@ class AgentService:
         state = self.store.state
         events = self._withdraw(rec["id"], f"turn {turn} ended", turn=turn)
         events += _decisions.turn_succeeded(state, rec, spec, turn, result.output, usage)
+        events, _ = _headcount.while_paused(rec, events, None)
         await self._commit(events)
         self._release_if_ended(rec["id"])
 
@@ -1234,6 +1263,7 @@ class AgentService:
             before=before,
             dimension=dimension,
         )
+        events, retry = _headcount.while_paused(rec, events, retry)
         await self._commit(events)
         if retry is not None:
             self._launch(rec["id"], retry, _notices.resend_text(self.store.state, rec))
@@ -1268,7 +1298,48 @@ class AgentService:
                 # on the decision hear it once it is durable.
                 self._settle_waiters(str(event.data.get("decisionId")))
         self._feed.publish(written)
+        ended = [
+            e.agent_id
+            for e in written
+            if e.type == ev.STATE_CHANGED and e.agent_id and e.data["to"] in ENDED_STATES
+        ]
+        if ended:
+            # Headcount freed: the best paused agents of those runs resume at once.
+            await self._resume(await self._headcount.freed(self.store.state, ended, self._spec))
         return written
+
+    # --- headcount (see _headcount) -------------------------------------------------------
+
+    def _pausing(self, agent_id: str | None, by: str) -> list[NewEvent]:
+        """The events that pause ``agent_id`` (None: nobody) for new agent ``by``."""
+        if agent_id is None:
+            return []
+        rec = self.store.state.agents[agent_id]
+        events, _ = _headcount.pause_events(rec, self._spec(agent_id), by)
+        return events
+
+    async def _preempted(self, agent_id: str | None) -> None:
+        """Cancel the turn of paused agent ``agent_id`` if its spec says ``onPreempt:
+        cancel`` (its interruption is written already). Call with the mutex held."""
+        if agent_id is None or self._spec(agent_id).on_preempt != "cancel":
+            return
+        task = self._turns.pop(agent_id, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _resume(self, agent_ids: Sequence[str]) -> None:
+        """Resume the paused agents that took freed slots, in that order (their turn, if
+        they have one to run, starts). Call with the mutex held."""
+        for agent_id in agent_ids:
+            rec = self.store.state.agents[agent_id]
+            if rec["state"] != "paused":
+                continue
+            spec = self._spec(agent_id)
+            events, turn = _headcount.resume_events(self.store.state, rec, spec, self.clock.now())
+            await self._commit(events)
+            if turn is not None:
+                self._launch(agent_id, *turn)
 
     # --- harness workers --------------------------------------------------------------------
 

@@ -171,7 +171,8 @@ class AgentSpec(_Model):
     Harnesses: ``command`` (``command`` argv; the prompt on stdin, the result from stdout),
     ``python`` (``function`` as ``module:function``), ``openai`` (``openai`` options).
     ``guardrails`` are the agent's own rules (``corral.daemon.guardrails``; its descendants
-    inherit them); ``may_answer`` the kinds of its descendants' decisions its token answers.
+    inherit them); ``may_answer`` the kinds of its descendants' decisions its token answers;
+    ``priority`` and ``on_preempt`` its place in its run's headcount (see ``_headcount``).
     Validating a spec never imports a custom rule's module.
     """
 
@@ -192,6 +193,14 @@ class AgentSpec(_Model):
     turn_timeout_s: float = Field(default=600.0, gt=0, allow_inf_nan=False, strict=True)
     guardrails: RuleList = ()
     may_answer: list[Literal["blocked", "approval"]] = Field(default_factory=list)
+    # Headcount and priority (docs/daemon.md, "Headcount and priority"; corral.daemon._headcount):
+    priority: Literal["low", "normal", "high", "critical"] = "normal"
+    """Who is paused for whom at the run's cap (only high and critical spawns preempt), the
+    resume order, and the share of the daemon's concurrent turns (weights 1/2/4/8)."""
+    on_preempt: Literal["finish", "cancel"] = "finish"
+    """What a turn in flight does when its agent is preempted: ``finish`` runs it to its end
+    (its outcome is kept; the agent stays paused), ``cancel`` cancels it (interrupted, not a
+    failure; it runs again when the agent resumes)."""
 
     def cross_field_problems(self) -> list[dict[str, Any]]:
         """Problems that need more than one field to see."""

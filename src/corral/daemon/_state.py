@@ -35,7 +35,8 @@ from corral.daemon._records import (
     Usage,
 )
 
-LIVE_STATES = frozenset({"running", "waiting", "idle", "blocked"})
+LIVE_STATES = frozenset({"running", "waiting", "idle", "blocked", "paused"})
+PAUSED = "paused"  # preempted at its run's headcount cap (see _headcount); holds no slot
 ENDED_STATES = frozenset({"failed", "stopped"})
 BUSY_STATES = frozenset({"running", "waiting"})  # a turn is in flight
 
@@ -289,6 +290,21 @@ def _state_changed(tx: Tx, event: Event) -> None:
     rec["updatedAt"] = event.ts
     if data["to"] in ENDED_STATES:
         rec["endedAt"] = event.ts
+    _paused(rec, event.data, event.ts)
+
+
+def _paused(rec: AgentRecord, data: dict[str, Any], ts: str) -> None:
+    """A paused agent keeps who preempted it, since when, and what it resumes to; nothing
+    of it is left once it is not paused."""
+    if data["to"] != PAUSED:
+        for key in ("pausedBy", "pausedAt", "resumeTo"):
+            rec.pop(key, None)  # type: ignore[misc]
+        return
+    if data.get("by") is not None:
+        rec["pausedBy"] = data["by"]
+    if data.get("from") != PAUSED or "pausedAt" not in rec:
+        rec["pausedAt"] = ts
+    rec["resumeTo"] = data.get("resumeTo") or "idle"
 
 
 def _budget_changed(tx: Tx, event: Event) -> None:

@@ -175,6 +175,7 @@ class SpawnBudgetExceeded(RunError):
         self.max_agents = max_agents
         self.active = active
         self.agent_id = agent_id
+        self.why = why
 
 
 class CostUnknownError(RunError):

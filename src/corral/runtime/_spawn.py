@@ -183,8 +183,12 @@ class SpawnTracker:
         *,
         on_pause: AgentCallback | None = None,
         on_resume: AgentCallback | None = None,
+        pausable: Callable[[str], bool] | None = None,
     ) -> str | None:
         """Take a slot for ``agent_id``; return the id of the agent paused for it, or None.
+
+        ``pausable`` (given an active agent's id) narrows who may be paused for it: an agent
+        it answers False for keeps its slot (one that waits on a person, say); None: anyone.
 
         Raises :class:`SpawnBudgetExceeded` at the cap when nobody can be preempted,
         :class:`AgentAlreadyTrackedError` when the id holds a slot or is paused, and
@@ -197,13 +201,15 @@ class SpawnTracker:
             v.callable_(where, "on_pause", on_pause)
         if on_resume is not None:
             v.callable_(where, "on_resume", on_resume)
+        if pausable is not None:
+            v.callable_(where, "pausable", pausable)
         state = self.state_of(agent_id)
         if state is not None:
             raise AgentAlreadyTrackedError(agent_id, state)
 
         victim: _Agent | None = None
         if len(self._active) >= self._budget.max_agents:
-            victim = self._pick_victim(agent_id, priority)
+            victim = self._pick_victim(agent_id, priority, pausable)
             del self._active[victim.agent_id]
             victim.queued = next(self._seq)
             victim.pauses += 1
@@ -230,7 +236,9 @@ class SpawnTracker:
         await self._notify(victim, "on_pause", victim.on_pause)
         return victim.agent_id
 
-    def _pick_victim(self, agent_id: str, priority: Priority) -> _Agent:
+    def _pick_victim(
+        self, agent_id: str, priority: Priority, pausable: Callable[[str], bool] | None
+    ) -> _Agent:
         """The agent to pause for ``agent_id``; raises SpawnBudgetExceeded when there is none."""
         why: str | None = None
         if priority not in _PREEMPTING:
@@ -247,9 +255,12 @@ class SpawnTracker:
                 )
             else:
                 lower = [a for a in self._active.values() if a.priority < priority]
+                why = f"no active agent has a priority below {priority.name}"
+                if lower and pausable is not None:
+                    lower = [a for a in lower if pausable(a.agent_id)]
+                    why = f"no active agent below {priority.name} may be paused now"
                 if lower:
                     return min(lower, key=lambda a: (a.priority, -a.admitted))
-                why = f"no active agent has a priority below {priority.name}"
         self._refusals += 1
         raise SpawnBudgetExceeded(self._budget.max_agents, len(self._active), agent_id, why)
 
@@ -275,6 +286,35 @@ class SpawnTracker:
         logger.info("agent %r (%s) resumed", best.agent_id, best.priority.name)
         await self._notify(best, "on_resume", best.on_resume)
         return best.agent_id
+
+    def restore(self, agent_id: str, priority: Priority, *, paused: bool = False) -> None:
+        """Track ``agent_id`` as a record of the run says it was: holding a slot, or
+        ``paused`` (queued to resume, after those restored paused before it at its
+        priority). For rebuilding a tracker after a restart: no callback is called, and the
+        cap is not checked (what was recorded stands; a free slot beside a paused agent is
+        the caller's to fill). Restore active agents in admission order: the most recent is
+        the first paused among equals. Raises :class:`AgentAlreadyTrackedError` for an id
+        already tracked."""
+        where = "SpawnTracker.restore"
+        v.non_empty_str(where, "agent_id", agent_id)
+        v.instance_of(where, "priority", priority, Priority)
+        state = self.state_of(agent_id)
+        if state is not None:
+            raise AgentAlreadyTrackedError(agent_id, state)
+        agent = _Agent(
+            agent_id=agent_id,
+            priority=priority,
+            on_pause=None,
+            on_resume=None,
+            admitted=next(self._seq),
+            changed_at=self._clock.now(),
+        )
+        if paused:
+            agent.queued = next(self._seq)
+            agent.pauses = 1
+            self._paused[agent_id] = agent
+        else:
+            self._active[agent_id] = agent
 
     async def reprioritize(self, agent_id: str, priority: Priority) -> None:
         """Set the priority of an active or paused agent for later decisions.
