@@ -55,9 +55,11 @@ def request(
     env: dict[str, str],
     check_action: ActionCheck | None = None,
     paused_s: Callable[[], float] | None = None,
+    heartbeat: Callable[[], None] | None = None,
 ) -> TurnRequest:
     """Turn ``turn`` of the agent, with what is left of its budget at ``now``, the action
-    check its harness asks before each tool call, and how long it has waited on people."""
+    check its harness asks before each tool call, how long it has waited on people, and
+    what its harness calls on each sign of life (``heartbeat``, see ``_stall``)."""
     age = _budget.age_s(rec["createdAt"], now)
     remaining = _budget.remaining(_budget.in_force(rec, spec).to_budget(), rec["usage"], age)
     timeout_s = spec.turn_timeout_s
@@ -78,6 +80,7 @@ def request(
         remaining=remaining,
         check_action=check_action,
         paused_s=paused_s,
+        heartbeat=heartbeat,
     )
 
 
