@@ -101,7 +101,8 @@ def test_the_watch_pauses_while_the_turn_waits_and_forgets_ended_turns() -> None
     clock.advance(0.5)
     watch.waiting("a", True)
     clock.advance(100)
-    assert seen == [] and not watch.stalled("a", 1)
+    assert seen == []
+    assert not watch.stalled("a", 1)
     watch.waiting("a", False)  # the end of the wait counts as a sign of life
     clock.advance(0.9)
     assert seen == []
@@ -135,7 +136,8 @@ def test_the_spec_maps_recovery_onto_recovery_policy() -> None:
     assert (policy.max_retries, policy.escalate_after, policy.cooldown_s) == (4, 2, 0)
     assert policy.default_action is RecoveryAction.ESCALATE
     plain = parse_spec({"name": "w", "harness": "command", "command": ["x"]})
-    assert plain.heartbeat_s is None and plain.recovery is None
+    assert plain.heartbeat_s is None
+    assert plain.recovery is None
     assert policy_of(plain).default_action is RecoveryAction.RESTART  # RecoveryPolicy's
 
 
@@ -308,7 +310,8 @@ async def test_escalate_after_holds_the_agent_for_a_person_and_the_count_goes_on
     await _advance(clock, 1, service)  # escalate
     await settle(lambda: service.get(agent)["state"] == "blocked")
     rec = service.get(agent)
-    assert rec["reason"] == "stalled" and rec["turnInFlight"] is None
+    assert rec["reason"] == "stalled"
+    assert rec["turnInFlight"] is None
     (held,) = service.decisions()
     assert (held["kind"], held["reason"], held["answers"]) == (
         "blocked",
@@ -359,7 +362,8 @@ async def test_a_completed_turn_clears_the_count(
     harness.release("w")
     await service.settled(agent)
     rec = service.get(agent)
-    assert rec["state"] == "idle" and "stallRecoveries" not in rec
+    assert rec["state"] == "idle"
+    assert "stallRecoveries" not in rec
 
 
 class _AskThenHang:
