@@ -22,6 +22,8 @@ STATE_CHANGED = "agent.state_changed"
 SUPERVISION_NEEDED = "agent.supervision_needed"
 BUDGET_CHANGED = "agent.budget_changed"
 WORKDIR_RECREATED = "agent.workdir_recreated"
+TURN_STALLED = "agent.turn_stalled"
+STALL_RECOVERY = "agent.stall_recovery"
 # Inboxes, decisions, commands
 NOTICE = "inbox.notice"
 NOTICES_DROPPED = "inbox.dropped"
@@ -45,6 +47,8 @@ EVENT_TYPES = frozenset(
         SUPERVISION_NEEDED,
         BUDGET_CHANGED,
         WORKDIR_RECREATED,
+        TURN_STALLED,
+        STALL_RECOVERY,
         NOTICE,
         NOTICES_DROPPED,
         DECISION_REQUESTED,
@@ -94,6 +98,7 @@ class TurnStartedData(TypedDict):
     prompt: str
     retry: bool
     notices: list[int]
+    restart: NotRequired[bool]  # a stalled turn started again (see _stall)
 
 
 class TurnEndedData(TypedDict, total=False):
@@ -167,9 +172,25 @@ def agent_created(record: AgentRecord) -> NewEvent:
 
 
 def turn_started(
-    agent_id: str, turn: int, prompt: str, *, retry: bool, notices: Sequence[int]
+    agent_id: str,
+    turn: int,
+    prompt: str,
+    *,
+    retry: bool,
+    notices: Sequence[int],
+    restart: bool = False,
 ) -> NewEvent:
-    data = {"turn": turn, "prompt": prompt, "retry": retry, "notices": list(notices)}
+    """Turn ``turn`` starts: a retry of the failure policy (``retry``), the restart of a
+    stalled turn (``restart``: the same prompt and notices, counted as neither), or a new
+    prompt with ``notices`` in front of it."""
+    data: dict[str, Any] = {
+        "turn": turn,
+        "prompt": prompt,
+        "retry": retry,
+        "notices": list(notices),
+    }
+    if restart:
+        data["restart"] = True
     return NewEvent(TURN_STARTED, agent_id, data)
 
 
@@ -216,9 +237,10 @@ def stopped(
     return NewEvent(STATE_CHANGED, agent_id, data)
 
 
-def failed(agent_id: str, error: str) -> NewEvent:
-    """The agent ends failed: its policy gave up after a failed turn."""
-    data = {"from": "running", "to": "failed", "reason": "turn-failed", "error": error}
+def failed(agent_id: str, error: str, reason: str = "turn-failed") -> NewEvent:
+    """The agent ends failed: its policy gave up after a failed turn (or, ``reason``
+    ``stalled``, its recovery ejected it)."""
+    data = {"from": "running", "to": "failed", "reason": reason, "error": error}
     return NewEvent(STATE_CHANGED, agent_id, data)
 
 
@@ -327,6 +349,35 @@ def released(agent_id: str) -> NewEvent:
 def workdir_recreated(agent_id: str, turn: int, workdir: str) -> NewEvent:
     """The agent's working directory was gone when its turn started: it was made again, empty."""
     return NewEvent(WORKDIR_RECREATED, agent_id, {"turn": turn, "workdir": workdir})
+
+
+def turn_stalled(agent_id: str, turn: int, silence_s: float, heartbeat_s: float) -> NewEvent:
+    """Turn ``turn`` showed no sign of life for ``silence_s`` seconds, past the spec's
+    ``heartbeatS``."""
+    data = {"turn": turn, "silenceS": round(silence_s, 3), "heartbeatS": heartbeat_s}
+    return NewEvent(TURN_STALLED, agent_id, data)
+
+
+class StallRecoveryData(TypedDict):
+    """``agent.stall_recovery``: what the recovery policy made of a stalled turn.
+
+    ``action`` is ``restart``, ``escalate`` or ``eject``, or None when the stall came inside
+    the cooldown (nothing done yet: ``waitS`` seconds later, a turn still silent is
+    recovered). ``attempt`` is the agent's count of stall recoveries after this one (since
+    its last completed turn); the policy's limits come with it; ``detail`` says why."""
+
+    turn: int
+    action: str | None
+    attempt: int
+    maxRetries: int
+    escalateAfter: int
+    cooldownS: float
+    waitS: NotRequired[float]
+    detail: str
+
+
+def stall_recovery(agent_id: str, data: StallRecoveryData) -> NewEvent:
+    return NewEvent(STALL_RECOVERY, agent_id, dict(data))
 
 
 def notice(to: str, sender: AgentRecord, kind: str, state: str, **fields: Any) -> NewEvent:

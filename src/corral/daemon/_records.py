@@ -41,6 +41,7 @@ class AgentRecord(TypedDict):
     turnInFlight: int | None
     consecutiveFailures: int
     retriesUsed: int
+    stallRecoveries: NotRequired[int]  # since its last completed turn (see _stall)
     lastPrompt: str | None
     lastNotices: NotRequired[list[int]]
     lastOutput: str | None

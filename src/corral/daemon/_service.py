@@ -33,6 +33,7 @@ from corral.daemon import (
     _queries,
     _runs,
     _slots,
+    _stall,
     _tokens,
     _tree_budget,
     _turns,
@@ -206,6 +207,8 @@ class AgentService:
         # "Headcount and priority").
         self._headcount = _headcount.Headcount(clock)
         self._slots = _slots.TurnSlots(max_concurrent_turns)
+        # The turns of agents with heartbeatS, watched for stalls (see _stall).
+        self._stalls = _stall.StallWatch(clock, self._on_stall)
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -269,6 +272,7 @@ class AgentService:
         for handle in self._deadlines.values():
             handle.cancel()
         self._deadlines.clear()
+        self._stalls.close()
         tasks = list(self._turns.values()) + list(self._background)
         for task in tasks:
             task.cancel()
@@ -531,6 +535,7 @@ class AgentService:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        self._stalls.forget(agent_id)
         events: list[NewEvent] = []
         if rec["turnInFlight"] is not None:
             events.append(ev.turn_interrupted(agent_id, rec["turnInFlight"], "agent stopped"))
@@ -1124,6 +1129,9 @@ class AgentService:
         env = _turns.agent_env(rec, self.url, self._token)
         now = self.clock.now()
         pauses = self._pauses[agent_id] = _Pauses(self.clock)
+        beat = None
+        if spec.heartbeat_s is not None:
+            beat = self._stalls.watch(agent_id, turn, spec.heartbeat_s)
         turn_request = _turns.request(
             rec,
             spec,
@@ -1135,8 +1143,12 @@ class AgentService:
             check_action=self._harness_check,
             paused_s=pauses.paused_s,
             lookup=self.store.state.agents.get,
+            heartbeat=beat,
         )
-        outcome = await _turns.run(self.harnesses[spec.harness], turn_request)
+        try:
+            outcome = await _turns.run(self.harnesses[spec.harness], turn_request)
+        finally:
+            self._stalls.end(agent_id, turn)
         await self._settle_turn(agent_id, turn, outcome)
 
     async def _adopt_turn(self, agent_id: str, turn: int, harness: AdoptingHarness) -> None:
@@ -1206,6 +1218,54 @@ class AgentService:
         turn). Call with the mutex held."""
         interrupted = [ev.turn_interrupted(rec["id"], turn, RESTARTED)]
         await self._after_turn_failure(rec, turn, RESTARTED, None, interrupted)
+
+    def _on_stall(self, agent_id: str, turn: int, silence_s: float, first: bool) -> None:
+        if not self._closed:
+            self._soon(self._stalled(agent_id, turn, silence_s, first))
+
+    async def _stalled(self, agent_id: str, turn: int, silence_s: float, first: bool) -> None:
+        """Recover the agent's stalled turn as its policy says (see ``_stall``): the turn is
+        cancelled (its process killed) before the events say so, as :meth:`stop` does."""
+        async with self._mutex:
+            rec = self.store.state.agents.get(agent_id)
+            task = self._turns.get(agent_id)
+            if (
+                self._closed
+                or rec is None
+                or task is None
+                or rec["turnInFlight"] != turn
+                or rec["state"] != "running"
+                or not self._stalls.stalled(agent_id, turn)
+            ):
+                return  # it ended, waits on a person, or came back to life meanwhile
+            spec = self._spec(agent_id)
+            wait_s = self._stalls.cooldown_left(agent_id, _stall.policy_of(spec).cooldown_s)
+            if wait_s > 0:
+                await self._commit(
+                    _stall.deferred(rec, spec, turn, silence_s, first=first, wait_s=wait_s)
+                )
+                self._stalls.look_again(agent_id, turn, wait_s)
+                return
+            self._turns.pop(agent_id, None)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            self._stalls.recovered(agent_id)
+            withdrawn = self._withdraw(agent_id, f"turn {turn} stalled", turn=turn)
+            step = _stall.recover(
+                self.store.state,
+                rec,
+                spec,
+                turn,
+                silence_s,
+                self.clock.now(),
+                first=first,
+                before=withdrawn,
+            )
+            await self._commit(step.events)
+            if step.restart is not None:
+                after = self.store.state.agents[agent_id]
+                self._launch(agent_id, step.restart, _notices.resend_text(self.store.state, after))
+            self._release_if_ended(agent_id)
 
     async def _recreate_workdir(self, agent_id: str, turn: int) -> None:
         """The agent's working directory is gone (deleted by hand, a cleanup job): make it
@@ -1285,6 +1345,7 @@ class AgentService:
                 d = event.data
                 if event.agent_id is not None and "waiting" in (d.get("from"), d.get("to")):
                     self.pauses(event.agent_id).waiting(d["to"] == "waiting")
+                    self._stalls.waiting(event.agent_id, d["to"] == "waiting")
                 logger.info(
                     "agent %s: %s -> %s (%s)%s",
                     event.agent_id,

@@ -15,6 +15,7 @@ from corral.daemon._errors import InvalidSpecError
 from corral.daemon._text import json_problems
 from corral.daemon.guardrails._rules import RuleList, field_path
 from corral.kernel import ExecutionBudget, SpawnBudget
+from corral.recovery import RecoveryAction, RecoveryPolicy
 
 NOTIFY_KINDS = ("done", "failed", "blocked")
 ANSWER_KINDS = ("blocked", "approval")
@@ -59,6 +60,33 @@ class SpawnBudgetSpec(_Model):
 
     def to_budget(self) -> SpawnBudget:
         return SpawnBudget(max_agents=self.max_agents, allow_preempt=self.allow_preempt)
+
+
+class RecoverySpec(_Model):
+    """What the daemon does with a stalled turn (see ``heartbeat_s``): seed 000's
+    :class:`corral.recovery.RecoveryPolicy`, field for field.
+
+    ``action`` (``restart``, ``escalate`` or ``eject``) is what a stall leads to while the
+    agent's count of stall recoveries is below both limits; once the count reaches
+    ``escalate_after`` a stall escalates (the agent is held for a person), once it reaches
+    ``max_retries`` it ejects (the agent fails). ``cooldown_s`` is the quiet time after a
+    recovery: a stall inside it is recovered only when it ends, if the turn is still silent.
+    The defaults are RecoveryPolicy's: restart, 3, 3, 5 s (so an agent is ejected after
+    three restarts without being escalated; set ``escalate_after`` lower to escalate first).
+    """
+
+    action: Literal["restart", "escalate", "eject"] = "restart"
+    max_retries: int = Field(default=3, ge=1, le=1000, strict=True)
+    escalate_after: int = Field(default=3, ge=1, le=1000, strict=True)
+    cooldown_s: float = Field(default=5.0, ge=0, le=86400, allow_inf_nan=False, strict=True)
+
+    def to_policy(self) -> RecoveryPolicy:
+        return RecoveryPolicy(
+            max_retries=self.max_retries,
+            escalate_after=self.escalate_after,
+            cooldown_s=self.cooldown_s,
+            default_action=RecoveryAction(self.action),
+        )
 
 
 class PriceSpec(_Model):
@@ -172,7 +200,9 @@ class AgentSpec(_Model):
     ``python`` (``function`` as ``module:function``), ``openai`` (``openai`` options).
     ``guardrails`` are the agent's own rules (``corral.daemon.guardrails``; its descendants
     inherit them); ``may_answer`` the kinds of its descendants' decisions its token answers;
-    ``priority`` and ``on_preempt`` its place in its run's headcount (see ``_headcount``).
+    ``priority`` and ``on_preempt`` its place in its run's headcount (see ``_headcount``);
+    ``heartbeat_s`` and ``recovery``: a turn silent for longer than ``heartbeat_s`` is
+    stalled, and ``recovery`` (:class:`RecoverySpec`) decides what comes of it.
     Validating a spec never imports a custom rule's module.
     """
 
@@ -201,6 +231,11 @@ class AgentSpec(_Model):
     """What a turn in flight does when its agent is preempted: ``finish`` runs it to its end
     (its outcome is kept; the agent stays paused), ``cancel`` cancels it (interrupted, not a
     failure; it runs again when the agent resumes)."""
+    # A turn silent for longer than ``heartbeat_s`` seconds is stalled (None: never); what
+    # comes of it is ``recovery``'s (its defaults when None). See "Stalled turns" in
+    # docs/daemon.md.
+    heartbeat_s: float | None = Field(default=None, gt=0, allow_inf_nan=False, strict=True)
+    recovery: RecoverySpec | None = None
 
     def cross_field_problems(self) -> list[dict[str, Any]]:
         """Problems that need more than one field to see."""
@@ -247,6 +282,8 @@ class AgentSpec(_Model):
             bad("notifyOn", "needs a parent to notify")
         if self.spawn_budget is not None and self.parent is not None:
             bad("spawnBudget", "only a root agent (no parent) sets its run's spawn budget")
+        if self.recovery is not None and self.heartbeat_s is None:
+            bad("recovery", "needs heartbeatS: without it no turn is ever stalled")
         for i, kind in enumerate(self.may_answer):
             if kind in self.may_answer[:i]:
                 bad(f"mayAnswer[{i}]", f"{kind!r} is listed twice")

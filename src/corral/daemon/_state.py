@@ -19,6 +19,7 @@ from corral.daemon._events import (
     Event,
     NewEvent,
     ResolvedData,
+    StallRecoveryData,
     StateChangedData,
     TokenCreatedData,
     TokenRevokedData,
@@ -197,7 +198,9 @@ def _turn_started(tx: Tx, event: Event) -> None:
     rec["turnInFlight"] = data["turn"]
     rec["turns"] = data["turn"]
     rec["lastPrompt"] = data["prompt"]
-    if data.get("retry"):
+    if data.get("restart"):
+        pass  # a stalled turn started again: the same prompt, notices and retries
+    elif data.get("retry"):
         rec["retriesUsed"] = rec["retriesUsed"] + 1
     else:
         rec["retriesUsed"] = 0
@@ -246,6 +249,7 @@ def _turn_completed(tx: Tx, event: Event) -> None:
     data = cast(TurnEndedData, event.data)
     rec["turnInFlight"] = None
     rec["consecutiveFailures"] = 0
+    rec.pop("stallRecoveries", None)  # it finished a turn: its stalls are behind it
     rec["lastOutput"] = data.get("output")
     rec["lastError"] = None
     _add_tree_usage(tx, rec, data.get("usage"))
@@ -316,6 +320,14 @@ def _budget_changed(tx: Tx, event: Event) -> None:
         rec["budgetCapped"] = list(data["capped"])
     else:
         rec.pop("budgetCapped", None)
+    rec["updatedAt"] = event.ts
+
+
+def _stall_recovery(tx: Tx, event: Event) -> None:
+    rec = tx.agent(_agent_id(event))
+    data = cast(StallRecoveryData, event.data)
+    if data.get("action") is not None:
+        rec["stallRecoveries"] = data["attempt"]
     rec["updatedAt"] = event.ts
 
 
@@ -461,6 +473,8 @@ _HANDLERS: dict[str, Callable[[Tx, Event], None]] = {
     ev.SUPERVISION_NEEDED: _supervision_needed,
     ev.BUDGET_CHANGED: _budget_changed,
     ev.WORKDIR_RECREATED: _no_projection,
+    ev.TURN_STALLED: _no_projection,
+    ev.STALL_RECOVERY: _stall_recovery,
     ev.NOTICE: _notice,
     ev.NOTICES_DROPPED: _dropped,
     ev.DECISION_REQUESTED: _requested,

@@ -56,10 +56,12 @@ def request(
     check_action: ActionCheck | None = None,
     paused_s: Callable[[], float] | None = None,
     lookup: _tree_budget.Lookup | None = None,
+    heartbeat: Callable[[], None] | None = None,
 ) -> TurnRequest:
     """Turn ``turn`` of the agent, with what is left of its budget at ``now`` (and of each
     ancestor's, found with ``lookup``: the tightest of them), the action check its harness
-    asks before each tool call, and how long it has waited on people."""
+    asks before each tool call, how long it has waited on people, and what its harness
+    calls on each sign of life (``heartbeat``, see ``_stall``)."""
     own = _budget.in_force(rec, spec).to_budget()
     remaining = _tree_budget.remaining(rec, own, lookup or _no_agent, now)
     timeout_s = spec.turn_timeout_s
@@ -80,6 +82,7 @@ def request(
         remaining=remaining,
         check_action=check_action,
         paused_s=paused_s,
+        heartbeat=heartbeat,
     )
 
 

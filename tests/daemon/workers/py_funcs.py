@@ -145,3 +145,11 @@ def naps(prompt: str, context: TurnContext) -> str:
     """Sleeps as many seconds as the prompt says, then says so."""
     time.sleep(float(prompt))
     return f"napped {prompt}"
+
+
+def beating(prompt: str, context: TurnContext) -> str:
+    """Works for a while, telling the daemon it is alive (``context.heartbeat()``) as it goes."""
+    for _ in range(int(prompt)):
+        time.sleep(0.1)
+        context.heartbeat()
+    return str(context.heartbeat_file)

@@ -34,6 +34,13 @@ class TurnRequest:
     own time -- time gone by less ``paused_s()`` -- passes ``timeout_s``, and the approval's
     own timeout decides how long a wait may be (see ``TurnTimer``). It must only grow,
     never raise, and be cheap: harnesses read it whenever they check their time limit.
+
+    ``heartbeat()`` tells the daemon the turn shows a sign of life (the spec's
+    ``heartbeatS``: a turn silent for longer is stalled); None when nothing watches the turn.
+    A harness calls it, on the event loop, whenever it sees one: the ``command`` and
+    ``python`` harnesses when the agent touches its heartbeat file (``CORRAL_HEARTBEAT_FILE``,
+    see ``_liveness``) or, for a command, writes output; the ``openai`` harness at each model
+    call and tool call. It is cheap and never raises.
     """
 
     agent_id: str
@@ -47,6 +54,7 @@ class TurnRequest:
     remaining: ExecutionBudget = field(default_factory=ExecutionBudget)
     check_action: ActionCheck | None = None
     paused_s: Callable[[], float] | None = None
+    heartbeat: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from corral.daemon.harnesses import _liveness
 from corral.daemon.harnesses._base import (
     NothingToAdoptError,
     TurnFailedError,
@@ -79,6 +80,11 @@ class CommandHarness:
     ends. :meth:`reap` and :meth:`adopt` use it after a daemon crash; a daemon that dies in
     the instant between the child's start and that write misses the child.
 
+    Liveness: the command is told its heartbeat file (``CORRAL_HEARTBEAT_FILE``, made empty
+    in ``state_dir`` at each turn's start and removed at its end; see ``_liveness``). When
+    the daemon watches the turn (``request.heartbeat``, the spec's ``heartbeatS``), touching
+    that file or writing anything to stdout or stderr is a sign of life.
+
     Cost: the launcher is one more interpreter start per turn (about 15 ms of CPU).
     """
 
@@ -111,18 +117,21 @@ class CommandHarness:
         request is not a TurnRequest for a ``command`` spec."""
         argv = self._check("CommandHarness.run_turn", request)
         timer = TurnTimer(request.timeout_s, request.paused_s)
+        files = TurnFiles(request.state_dir, request.turn)
         try:
-            finished = await run_launched(
-                argv,
-                cwd=request.workdir,
-                env=agent_env(request),
-                stdin=request.prompt.encode(),
-                limits=self._limits(),
-                timer=timer,
-                files=TurnFiles(request.state_dir, request.turn),
-                pid_file=request.state_dir / PID_FILE,
-                agent_id=request.agent_id,
-            )
+            # Signs of life: the heartbeat file touched, or output (the out file's mtime).
+            async with _liveness.alive(request, [files.absolute().path("out")]) as heartbeat:
+                finished = await run_launched(
+                    argv,
+                    cwd=request.workdir,
+                    env={**agent_env(request), _liveness.HEARTBEAT_ENV: str(heartbeat)},
+                    stdin=request.prompt.encode(),
+                    limits=self._limits(),
+                    timer=timer,
+                    files=files,
+                    pid_file=request.state_dir / PID_FILE,
+                    agent_id=request.agent_id,
+                )
         except ProcessNotStartedError as exc:
             raise TurnFailedError(exc.message, **exc.details) from None
         return self._judge(finished, timer, request)
@@ -141,6 +150,7 @@ class CommandHarness:
         """
         self._check("CommandHarness.adopt", request)
         timer = TurnTimer(request.timeout_s, request.paused_s)
+        _liveness.discard(request.state_dir)  # an adopted turn is not watched for stalls
         try:
             finished = await adopt_launched(
                 files=TurnFiles(request.state_dir, request.turn),
@@ -194,4 +204,5 @@ class CommandHarness:
         v.instance_of("CommandHarness.reap", "state_dir", state_dir, Path)
         found = reap_pid_file(state_dir / PID_FILE)
         remove_all_turn_files(state_dir)
+        _liveness.discard(state_dir)
         return found

@@ -346,6 +346,7 @@ def _collect(
             elif fd == err_pipe:
                 err += data
                 del err[:-tail]
+                _touch(out_fd)
             else:
                 seen += len(data)
                 room = max_out - kept
@@ -355,9 +356,21 @@ def _collect(
                         kept += min(room, len(data))
                     except OSError:
                         max_out = kept  # a full disk: keep what fit, count the rest as dropped
+                else:
+                    _touch(out_fd)
     for fd in pipes:
         os.close(fd)  # held open by a process outside the group: abandoned
     return returncode, seen, bytes(err)
+
+
+def _touch(fd: int) -> None:
+    """Mark output the out file does not show (stderr, stdout past its cap) in its
+    modification time: the out file's mtime is when the command last wrote anything, which
+    the daemon's stall watch reads (``_liveness``)."""
+    try:  # noqa: SIM105 - no contextlib here (see the module docstring)
+        os.utime(fd)
+    except OSError:
+        pass
 
 
 def _pidfd(pid: int) -> int | None:

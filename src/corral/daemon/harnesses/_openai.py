@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,9 @@ class OpenAIHarness:
     its arguments as JSON): a call not allowed does not run and the model is told it was
     refused, with the reason; a check that raises refuses too. A check may wait on a person
     (an ``ask`` rule): the turn waits with it.
+
+    Liveness: when the daemon watches the turn (``request.heartbeat``, the spec's
+    ``heartbeatS``), each model call and tool call is a sign of life as it starts and ends.
 
     The turn's time limit counts its own time only: time it waits on a person
     (``request.paused_s``) does not count against ``request.timeout_s``; see
@@ -133,6 +137,8 @@ class OpenAIHarness:
         priced = _PriceWatch()
         price = prices.get(options.model)
         middleware: list[Middleware] = [priced, WorstCaseBudget(tracker, price)]
+        if request.heartbeat is not None:
+            middleware.insert(0, _Alive(request.heartbeat))
         if request.check_action is not None:
             middleware.append(ToolGuard(request.check_action))
         timer = TurnTimer(request.timeout_s, request.paused_s)
@@ -182,6 +188,23 @@ class OpenAIHarness:
         v.non_empty_str("OpenAIHarness.reap", "agent_id", agent_id)
         v.instance_of("OpenAIHarness.reap", "state_dir", state_dir, Path)
         return reap_pid_file(state_dir / PID_FILE)
+
+
+class _Alive:
+    """Tells the daemon the turn is alive as each model call and tool call starts and ends
+    (``request.heartbeat``): a call that takes longer than ``heartbeatS`` stalls the turn."""
+
+    stages = frozenset({MiddlewareStage.CHAT, MiddlewareStage.TOOL})
+
+    def __init__(self, beat: Callable[[], None]) -> None:
+        self.beat = beat
+
+    async def process(self, ctx: MiddlewareContext, call_next: CallNext) -> None:
+        self.beat()
+        try:
+            await call_next()
+        finally:
+            self.beat()
 
 
 class _PriceWatch:

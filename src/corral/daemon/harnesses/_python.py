@@ -10,6 +10,7 @@ import importlib
 import inspect
 import logging
 import math
+import os
 import signal
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from corral.daemon.harnesses import _liveness
 from corral.daemon.harnesses._base import TurnFailedError, TurnRequest, TurnResult
 from corral.daemon.harnesses._timer import TurnTimer
 from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError
@@ -56,12 +58,28 @@ class TurnContext:
 
     ``env`` is the spec's ``env`` with the request's ``env`` on top (the worker process's
     own environment, ``os.environ``, is the daemon's).
+
+    ``heartbeat_file`` is the turn's heartbeat file: :meth:`heartbeat` touches it, which
+    keeps a turn watched for stalls (the spec's ``heartbeatS``) alive while the function
+    works without returning.
     """
 
     agent_id: str
     turn: int
     workdir: Path
     env: Mapping[str, str] = field(default_factory=dict)
+    heartbeat_file: Path | None = None
+
+    def heartbeat(self) -> None:
+        """Tell the daemon the turn is alive (touch :attr:`heartbeat_file`). Never raises:
+        a file that cannot be touched only leaves the turn silent."""
+        if self.heartbeat_file is None:
+            return
+        try:
+            os.utime(self.heartbeat_file)
+        except OSError:
+            with contextlib.suppress(OSError):
+                self.heartbeat_file.touch()
 
 
 class PythonHarness:
@@ -97,6 +115,10 @@ class PythonHarness:
     ``request.paused_s``, does not count); it goes over its memory limit ("over its
     memory limit of N bytes"); its process ends without answering ("worker process exited
     with code N", "was killed by signal SIGSEGV": ``os._exit``, a crash in C code).
+
+    Liveness: when the daemon watches the turn (``request.heartbeat``, the spec's
+    ``heartbeatS``), the turn's start and each ``context.heartbeat()`` (it touches the turn's
+    heartbeat file, see ``_liveness``) are its signs of life.
     """
 
     def __init__(
@@ -145,20 +167,21 @@ class PythonHarness:
                 "a spec of harness 'python' with a function",
                 request.spec.harness,
             )
-        context = TurnContext(
-            agent_id=request.agent_id,
-            turn=request.turn,
-            workdir=request.workdir,
-            env={**request.spec.env, **request.env},
-        )
         kept = await self._worker_for(request.agent_id)
         try:
-            if request.paused_s is None:
-                ran = await kept.worker.run(
-                    _Turn(target, context), request.prompt, timeout_s=request.timeout_s
+            async with _liveness.alive(request) as heartbeat_file:
+                context = TurnContext(
+                    agent_id=request.agent_id,
+                    turn=request.turn,
+                    workdir=request.workdir,
+                    env={**request.spec.env, **request.env},
+                    heartbeat_file=heartbeat_file,
                 )
-            else:
-                ran = await self._run_pausing(kept, _Turn(target, context), request)
+                turn = _Turn(target, context)
+                if request.paused_s is None:
+                    ran = await kept.worker.run(turn, request.prompt, timeout_s=request.timeout_s)
+                else:
+                    ran = await self._run_pausing(kept, turn, request)
         finally:
             kept.used = self.clock.monotonic()
             if kept.worker.ended and self._workers.get(request.agent_id) is kept:
@@ -197,6 +220,7 @@ class PythonHarness:
         always False."""
         v.non_empty_str("PythonHarness.reap", "agent_id", agent_id)
         v.instance_of("PythonHarness.reap", "state_dir", state_dir, Path)
+        _liveness.discard(state_dir)  # the heartbeat file of the interrupted turn
         return False
 
     async def release(self, agent_id: str) -> None:
