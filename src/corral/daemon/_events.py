@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from corral.daemon._records import AgentRecord, TurnUsage
 
@@ -94,6 +94,7 @@ class TurnStartedData(TypedDict):
     prompt: str
     retry: bool
     notices: list[int]
+    woken: NotRequired[bool]  # the daemon started it for notices (a ``wake`` agent)
 
 
 class TurnEndedData(TypedDict, total=False):
@@ -162,9 +163,22 @@ def agent_created(record: AgentRecord) -> NewEvent:
 
 
 def turn_started(
-    agent_id: str, turn: int, prompt: str, *, retry: bool, notices: Sequence[int]
+    agent_id: str,
+    turn: int,
+    prompt: str,
+    *,
+    retry: bool,
+    notices: Sequence[int],
+    woken: bool = False,
 ) -> NewEvent:
-    data = {"turn": turn, "prompt": prompt, "retry": retry, "notices": list(notices)}
+    data: dict[str, Any] = {
+        "turn": turn,
+        "prompt": prompt,
+        "retry": retry,
+        "notices": list(notices),
+    }
+    if woken:
+        data["woken"] = True
     return NewEvent(TURN_STARTED, agent_id, data)
 
 
@@ -191,6 +205,12 @@ def turn_interrupted(agent_id: str, turn: int, reason: str) -> NewEvent:
 def prompted(agent_id: str, was: str) -> NewEvent:
     """The agent runs a turn a person or its parent asked for."""
     return NewEvent(STATE_CHANGED, agent_id, {"from": was, "to": "running", "reason": "prompted"})
+
+
+def woken(agent_id: str) -> NewEvent:
+    """The idle agent runs a turn the daemon started for the notices that reached it."""
+    data = {"from": "idle", "to": "running", "reason": "woken"}
+    return NewEvent(STATE_CHANGED, agent_id, data)
 
 
 def turn_done(agent_id: str) -> NewEvent:

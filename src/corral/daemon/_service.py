@@ -16,7 +16,7 @@ import logging
 import math
 import secrets
 import shutil
-from collections.abc import AsyncGenerator, Coroutine, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from corral.daemon import (
     _queries,
     _tokens,
     _turns,
+    _wake,
 )
 from corral.daemon import _events as ev
 from corral.daemon._approvals import Verdict
@@ -69,7 +70,13 @@ from corral.daemon.guardrails import (
     may_ask,
     rule_to_json,
 )
-from corral.daemon.harnesses import AdoptingHarness, Harness, TurnResult, WarmHarness
+from corral.daemon.harnesses import (
+    AdoptingHarness,
+    ExtraTool,
+    Harness,
+    TurnResult,
+    WarmHarness,
+)
 from corral.daemon.stores import Store
 from corral.guard import ApprovalRequest
 from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError, TimerHandle, new_id
@@ -85,6 +92,10 @@ RESTARTED = "daemon restarted during turn"
 _RESULT_RETRY_FIRST_S = 0.25  # then doubling, up to _RESULT_RETRY_MAX_S between tries
 _RESULT_RETRY_MAX_S = 8.0
 DAEMON = "corral"  # who answers an approval nobody answered before its deadline
+
+AgentTools = Callable[[str, AgentSpec], Sequence[ExtraTool]]
+"""``tools(agent_id, spec)``: the tools the daemon hands a turn of the agent on top of its
+spec's own (see :meth:`AgentService.use_agent_tools`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +205,10 @@ class AgentService:
         self._closed = False
         # Releases of ended agents' harness workers, run off the mutex (see _release_soon).
         self._releases: set[asyncio.Task[None]] = set()
+        # Coordinators: the wake agents a wake task is queued for, and their recent wakes.
+        self._waking: set[str] = set()
+        self._wakes = _wake.WakeCounter(clock)
+        self._agent_tools: AgentTools | None = None
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -246,6 +261,14 @@ class AgentService:
                     except Exception:
                         logger.exception("agent %s: could not end a leftover process", rec["id"])
                 await self._interrupted(rec, turn)
+            # A notice written just before the last daemon died still wakes its parent.
+            self._wake_soon(a for a in self.store.state.agents if self._spec(a).wake)
+
+    def use_agent_tools(self, tools: AgentTools) -> None:
+        """Hand each turn ``tools(agent_id, spec)`` (``TurnRequest.extra_tools``): the daemon
+        gives ``openai`` agents corral's own tools this way (``openai.corralTools``)."""
+        v.callable_("use_agent_tools", "tools", tools)
+        self._agent_tools = tools
 
     async def close(self) -> None:
         """Stop running turns (their processes are ended; nothing is written for them, so the
@@ -1028,6 +1051,7 @@ class AgentService:
             env=env,
             check_action=self._harness_check,
             paused_s=pauses.paused_s,
+            extra_tools=() if self._agent_tools is None else self._agent_tools(agent_id, spec),
         )
         outcome = await _turns.run(self.harnesses[spec.harness], turn_request)
         await self._settle_turn(agent_id, turn, outcome)
@@ -1188,7 +1212,39 @@ class AgentService:
                 # on the decision hear it once it is durable.
                 self._settle_waiters(str(event.data.get("decisionId")))
         self._feed.publish(written)
+        self._wake_soon(_wake.observe(written, self._wakes))
         return written
+
+    def _wake_soon(self, agent_ids: Iterable[str]) -> None:
+        """Queue a wake check of each ``wake`` agent in ``agent_ids`` (see ``_wake``): run on
+        a task of its own, as the caller holds the mutex."""
+        for agent_id in agent_ids:
+            if self._closed or agent_id in self._waking:
+                continue
+            if agent_id in self.store.state.agents and self._spec(agent_id).wake:
+                self._waking.add(agent_id)
+                self._soon(self._wake(agent_id))
+
+    async def _wake(self, agent_id: str) -> None:
+        """Wake ``agent_id`` if it is (still) an idle ``wake`` agent with pending notices."""
+        async with self._mutex:
+            # From here on a new notice queues another check: this one may miss it.
+            self._waking.discard(agent_id)
+            if self._closed:
+                return
+            state, now = self.store.state, self.clock.now()
+            woken = _wake.plan(state, agent_id, self._spec, now, self._wakes)
+            if woken is None:
+                return
+            try:
+                await self._commit(woken.events)
+            except StoreUnavailableError as exc:
+                # The notices stay pending: the next commit about the agent, or the next
+                # start, checks it again.
+                logger.warning("agent %s: not woken: %s", agent_id, exc.message)
+                return
+            if woken.turn is not None:
+                self._launch(agent_id, woken.turn, woken.prompt)
 
     # --- harness workers --------------------------------------------------------------------
 

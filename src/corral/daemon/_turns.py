@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -17,6 +17,7 @@ from corral.daemon._spec import AgentSpec
 from corral.daemon._text import escape, escape_json
 from corral.daemon.harnesses import (
     AdoptingHarness,
+    ExtraTool,
     Harness,
     NothingToAdoptError,
     TurnFailedError,
@@ -55,9 +56,11 @@ def request(
     env: dict[str, str],
     check_action: ActionCheck | None = None,
     paused_s: Callable[[], float] | None = None,
+    extra_tools: Sequence[ExtraTool] = (),
 ) -> TurnRequest:
     """Turn ``turn`` of the agent, with what is left of its budget at ``now``, the action
-    check its harness asks before each tool call, and how long it has waited on people."""
+    check its harness asks before each tool call, how long it has waited on people, and the
+    tools the daemon adds to its spec's (``extra_tools``)."""
     age = _budget.age_s(rec["createdAt"], now)
     remaining = _budget.remaining(_budget.in_force(rec, spec).to_budget(), rec["usage"], age)
     timeout_s = spec.turn_timeout_s
@@ -78,6 +81,7 @@ def request(
         remaining=remaining,
         check_action=check_action,
         paused_s=paused_s,
+        extra_tools=tuple(extra_tools),
     )
 
 
