@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from corral.daemon import AgentService, InvalidSpecError, SQLiteStore
-from corral.daemon._agent_tools import MAX_RESULT_CHARS, CorralTools, CorralToolError, shown
+from corral.daemon._agent_tools import MAX_RESULT_CHARS, CorralToolError, CorralTools, shown
 from corral.daemon._api import LocalApi
 from corral.daemon._spec import CORRAL_TOOLS, parse_spec
 from corral.daemon.harnesses import ExtraTool
