@@ -221,7 +221,8 @@ class AgentService:
         counts as if the daemon had never died; when nothing of it is left, it is settled
         as interrupted after all. Every other turn in flight is interrupted: its leftover
         process is ended, ``agent.turn_interrupted`` is emitted and the turn counts as
-        failed ("daemon restarted during turn").
+        failed ("daemon restarted during turn"). Then each idle ``wake`` agent with pending
+        notices is woken (see ``_wake``).
         """
         async with self._mutex:
             # Which turns to adopt is decided first, from the state the last daemon left:
@@ -262,7 +263,8 @@ class AgentService:
                         logger.exception("agent %s: could not end a leftover process", rec["id"])
                 await self._interrupted(rec, turn)
             # A notice written just before the last daemon died still wakes its parent.
-            self._wake_soon(a for a in self.store.state.agents if self._spec(a).wake)
+            agents = self.store.state.agents
+            self._wake_soon(a for a, rec in agents.items() if rec["state"] == "idle")
 
     def use_agent_tools(self, tools: AgentTools) -> None:
         """Hand each turn ``tools(agent_id, spec)`` (``TurnRequest.extra_tools``): the daemon
