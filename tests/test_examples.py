@@ -83,6 +83,13 @@ def test_make_run_team_shows_each_policy(tmp_path: Path) -> None:
             return {a["name"]: a for a in json.loads(done.stdout)}
 
         def settled(found: dict[str, dict[str, object]]) -> bool:
+            # The coordinator was woken twice: by its counter's hold, then by its "done".
+            resolved = [
+                (found.get(n, {}).get("state"), found.get(n, {}).get("turns"))
+                for n in ("coordinator", "counter")
+            ]
+            if resolved != [("idle", 2), ("idle", 2)]:
+                return False
             want = {
                 "indexer": "idle",
                 "fetcher": "idle",
@@ -101,6 +108,12 @@ def test_make_run_team_shows_each_policy(tmp_path: Path) -> None:
         assert found["billing"]["reason"] == "circuit-tripped"
         assert found["deployer"]["reason"] == "ask"
         assert found["fetcher"]["turns"] == 2  # failed once, retried
+        # The coordinator resolved its held counter with no one's help: the gateway's "did
+        # you mean orders?" in the counter's error became the correction it was prompted with.
+        counter, coordinator = found["counter"], found["coordinator"]
+        assert counter["lastOutput"] == "counter: 6 refunded orders in table orders\n"
+        assert counter["lastPrompt"] == "count the refunded orders: the table is called orders"
+        assert "counter reported: counter: 6 refunded orders" in str(coordinator["lastOutput"])
         decisions = subprocess.run(
             [sys.executable, "-m", "corral.cli", "--url", url, "decisions"],
             capture_output=True,
@@ -173,6 +186,13 @@ def test_make_run_team_shows_each_policy(tmp_path: Path) -> None:
             if d["id"] == approval["id"]
         ]
         assert (answered["answer"], answered["by"]) == ("approve", "operator")
+        (held,) = [
+            d
+            for d in json.loads(cli("decisions", "--resolved", "--json").stdout)
+            if d["agentId"] == counter["id"]
+        ]
+        assert (held["answer"], held["by"]) == ("retry", coordinator["id"])
+        assert held["why"] == "the gateway says the table is orders"
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(20)

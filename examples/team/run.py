@@ -1,6 +1,6 @@
 """``make run``: the daemon on http://127.0.0.1:4600 with an example team under supervision.
 
-The team (examples/team/team.json) is a lead with four command-harness workers:
+The team (examples/team/team.json) is a lead with command-harness workers:
 - indexer always succeeds;
 - fetcher fails now and then and is retried (onFailure retry, maxRetries 2);
 - billing keeps failing, so the circuit breaker holds it (circuit-tripped);
@@ -10,7 +10,13 @@ The team (examples/team/team.json) is a lead with four command-harness workers:
   the gateway freezes it: the freeze waits in `corral decisions` too;
 - releaser is a shell worker that asks before it deploys (``corral check "deploy ..." ||
   exit 3``): its spec's guardrails send deploys to a person, so it waits, and the approval
-  waits in `corral decisions` until someone runs `corral approve ID` (or `deny`).
+  waits in `corral decisions` until someone runs `corral approve ID` (or `deny`);
+- coordinator (``wake: true``, ``mayAnswer: ["blocked"]``) resolves its held worker by itself:
+  counter asks the gateway for table ``order``, which does not exist, and is held (onFailure
+  ask); the notice wakes coordinator, which reads the gateway's "did you mean orders?" in
+  counter's error through `corral agents` and re-prompts it (`corral prompt`, its own
+  token) with the table's name; counter succeeds, and its "done" wakes coordinator again,
+  which reports it.
 Spawning uses idempotency keys, so running this again on the same store adds no second team.
 Every 15 s indexer and fetcher get a new prompt (for 10 minutes), so events keep coming.
 """
@@ -74,7 +80,8 @@ def ensure_shop(path: Path) -> Path:
 def team_specs() -> list[dict[str, Any]]:
     specs: list[dict[str, Any]] = json.loads((HERE / "team.json").read_text())
     for spec in specs:
-        if any("CORRAL_CLI" in part for part in spec["command"]):
+        uses_cli = "CORRAL_CLI" in spec.get("env", {})
+        if uses_cli or any("CORRAL_CLI" in part for part in spec["command"]):
             # The `corral` command of this environment, for shell workers.
             cli = Path(sys.executable).with_name("corral")
             spec["env"] = {**spec.get("env", {}), "CORRAL_CLI": str(cli)}
@@ -111,6 +118,7 @@ async def spawn_team(url: str) -> None:
             "  .venv/bin/corral decisions            # the releaser's approval, the holds\n"
             '  .venv/bin/corral approve ID --why "release checked"   # the approval\'s id\n'
             f'  .venv/bin/corral prompt {ids["deployer"]} "go ahead" --why "release checked"\n'
+            f"  .venv/bin/corral inbox {ids['coordinator']}   # the notices that woke it\n"
             "  .venv/bin/corral gateway status\n"
             f"  .venv/bin/corral gateway reinstate {ids['auditor']} --target shop "
             '--reason "filter fixed"\n'

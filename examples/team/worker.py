@@ -8,7 +8,14 @@
 - ``auditor``: reads the shop database through the daemon's gateway, then hunts for orders
   with statuses that do not exist: every empty answer is ``suspiciously_empty`` (the table
   has rows, the filter matched none), and after five of them the gateway freezes it until a
-  person reinstates it (``corral gateway reinstate``).
+  person reinstates it (``corral gateway reinstate``);
+- ``counter``: counts the refunded orders in the table its prompt names last ("table X", "the
+  table is called X") through the gateway; a table that does not exist fails the turn, with
+  the gateway's "did you mean ...?" in the error;
+- ``coordinator``: a parent with ``wake: true``, run by the daemon when its children's notices
+  reach it (the notices are its prompt). With the ``corral`` command line (``$CORRAL_CLI``,
+  its own token) it lists its children and re-prompts each one held on a table that does not
+  exist with the table the gateway suggested; a child that finished is reported.
 It keeps a counter in its own working directory, which lives as long as the agent.
 """
 
@@ -16,6 +23,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -66,6 +75,48 @@ def audit(agent: str) -> int:
     return 0
 
 
+def count(agent: str, prompt: str) -> int:
+    tables = re.findall(r"table (?:is called )?([A-Za-z_][\w.]*)", prompt)
+    table = tables[-1] if tables else "orders"
+    found = gateway({"op": "count", "table": table, "where": {"status": "refunded"}})
+    if "error" in found:
+        print(f"{agent}: {found['error']['code']}: {found['error']['message']}", file=sys.stderr)
+        return 1
+    print(f"{agent}: {found['rows'][0]['count']} refunded orders in table {table}")
+    return 0
+
+
+def corral(*args: str) -> str:
+    """One ``corral`` command as this agent (CORRAL_URL and CORRAL_TOKEN are its own)."""
+    done = subprocess.run(
+        [os.environ["CORRAL_CLI"], *args], capture_output=True, text=True, timeout=30, check=True
+    )
+    return done.stdout
+
+
+def coordinate(agent: str) -> int:
+    me = os.environ["CORRAL_AGENT_ID"]
+    children = [a for a in json.loads(corral("agents", "--json")) if a.get("parent") == me]
+    for child in children:
+        error = child.get("lastError") or ""
+        suggested = re.search(r"did you mean ([\w.]+)", error)
+        if child["state"] == "blocked" and suggested:
+            table = suggested.group(1).rstrip("?")
+            corral(
+                "prompt",
+                child["id"],
+                f"count the refunded orders: the table is called {table}",
+                "--why",
+                f"the gateway says the table is {table}",
+            )
+            print(f"{agent}: re-prompted {child['name']}: the table is called {table}")
+        elif child["state"] == "blocked":
+            print(f"{agent}: {child['name']} is held and needs a person: {error}")
+        elif child["state"] == "idle" and child.get("lastOutput"):
+            print(f"{agent}: {child['name']} reported: {child['lastOutput'].strip()}")
+    return 0
+
+
 def main() -> int:
     mode = sys.argv[1] if len(sys.argv) > 1 else "steady"
     prompt = sys.stdin.read().strip()
@@ -73,6 +124,10 @@ def main() -> int:
     n = attempt()
     if mode == "auditor":
         return audit(agent)
+    if mode == "counter":
+        return count(agent, prompt)
+    if mode == "coordinator":
+        return coordinate(agent)
     if mode == "flaky" and n % 3 == 1:
         print(f"{agent}: upstream timed out on attempt {n}", file=sys.stderr)
         return 1

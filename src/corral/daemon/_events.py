@@ -99,6 +99,7 @@ class TurnStartedData(TypedDict):
     retry: bool
     notices: list[int]
     restart: NotRequired[bool]  # a stalled turn started again (see _stall)
+    woken: NotRequired[bool]  # the daemon started it for notices (a ``wake`` agent)
 
 
 class TurnEndedData(TypedDict, total=False):
@@ -179,10 +180,11 @@ def turn_started(
     retry: bool,
     notices: Sequence[int],
     restart: bool = False,
+    woken: bool = False,
 ) -> NewEvent:
     """Turn ``turn`` starts: a retry of the failure policy (``retry``), the restart of a
-    stalled turn (``restart``: the same prompt and notices, counted as neither), or a new
-    prompt with ``notices`` in front of it."""
+    stalled turn (``restart``: the same prompt and notices, counted as neither), a turn the
+    daemon started for notices (``woken``), or a new prompt with ``notices`` in front of it."""
     data: dict[str, Any] = {
         "turn": turn,
         "prompt": prompt,
@@ -191,6 +193,8 @@ def turn_started(
     }
     if restart:
         data["restart"] = True
+    if woken:
+        data["woken"] = True
     return NewEvent(TURN_STARTED, agent_id, data)
 
 
@@ -217,6 +221,12 @@ def turn_interrupted(agent_id: str, turn: int, reason: str) -> NewEvent:
 def prompted(agent_id: str, was: str) -> NewEvent:
     """The agent runs a turn a person or its parent asked for."""
     return NewEvent(STATE_CHANGED, agent_id, {"from": was, "to": "running", "reason": "prompted"})
+
+
+def woken(agent_id: str) -> NewEvent:
+    """The idle agent runs a turn the daemon started for the notices that reached it."""
+    data = {"from": "idle", "to": "running", "reason": "woken"}
+    return NewEvent(STATE_CHANGED, agent_id, data)
 
 
 def turn_done(agent_id: str) -> NewEvent:

@@ -18,6 +18,7 @@ ASK = "ask"
 RETRIES_EXHAUSTED = "retries-exhausted"
 CIRCUIT_TRIPPED = "circuit-tripped"
 BUDGET_EXHAUSTED = "budget-exhausted"
+WAKE_LIMIT = "wake-limit"  # woken too often in a minute (see corral.daemon._wake)
 
 
 @dataclass(frozen=True, slots=True)

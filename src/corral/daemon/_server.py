@@ -20,6 +20,7 @@ from typing import Any
 import uvicorn
 from starlette.routing import Route
 
+from corral.daemon._agent_tools import CorralTools
 from corral.daemon._api import LocalApi
 from corral.daemon._databases import Databases
 from corral.daemon._dsn import parse_dsn, redacted
@@ -209,6 +210,9 @@ async def serve(
                 guardrails=rules,
                 max_concurrent_turns=config.max_concurrent_turns,
             )
+            # openai agents' corral tools (openai.corralTools), with the databases once open.
+            tools = CorralTools(LocalApi(service))
+            service.use_agent_tools(tools.for_agent)
             try:
                 await service.start()
                 databases = None
@@ -222,6 +226,7 @@ async def serve(
                         clock=clock,
                         options=config.db_options,
                     )
+                    tools.api = LocalApi(service, databases)
                 try:
                     served = _Served(sock, listen_url, local_url, token, token_file)
                     await _run(config, service, databases, served, ready)

@@ -17,7 +17,7 @@ import logging
 import math
 import secrets
 import shutil
-from collections.abc import AsyncGenerator, Coroutine, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from corral.daemon import (
     _tokens,
     _tree_budget,
     _turns,
+    _wake,
 )
 from corral.daemon import _events as ev
 from corral.daemon._approvals import Verdict
@@ -74,7 +75,13 @@ from corral.daemon.guardrails import (
     may_ask,
     rule_to_json,
 )
-from corral.daemon.harnesses import AdoptingHarness, Harness, TurnResult, WarmHarness
+from corral.daemon.harnesses import (
+    AdoptingHarness,
+    ExtraTool,
+    Harness,
+    TurnResult,
+    WarmHarness,
+)
 from corral.daemon.stores import Store
 from corral.guard import ApprovalRequest
 from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError, TimerHandle, new_id
@@ -90,6 +97,10 @@ RESTARTED = "daemon restarted during turn"
 _RESULT_RETRY_FIRST_S = 0.25  # then doubling, up to _RESULT_RETRY_MAX_S between tries
 _RESULT_RETRY_MAX_S = 8.0
 DAEMON = "corral"  # who answers an approval nobody answered before its deadline
+
+AgentTools = Callable[[str, AgentSpec], Sequence[ExtraTool]]
+"""``tools(agent_id, spec)``: the tools the daemon hands a turn of the agent on top of its
+spec's own (see :meth:`AgentService.use_agent_tools`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +220,10 @@ class AgentService:
         self._slots = _slots.TurnSlots(max_concurrent_turns)
         # The turns of agents with heartbeatS, watched for stalls (see _stall).
         self._stalls = _stall.StallWatch(clock, self._on_stall)
+        # Coordinators: the wake agents a wake task is queued for, and their recent wakes.
+        self._waking: set[str] = set()
+        self._wakes = _wake.WakeCounter(clock)
+        self._agent_tools: AgentTools | None = None
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -221,7 +236,8 @@ class AgentService:
         counts as if the daemon had never died; when nothing of it is left, it is settled
         as interrupted after all. Every other turn in flight is interrupted: its leftover
         process is ended, ``agent.turn_interrupted`` is emitted and the turn counts as
-        failed ("daemon restarted during turn").
+        failed ("daemon restarted during turn"). Then each idle ``wake`` agent with pending
+        notices is woken (see ``_wake``).
         """
         async with self._mutex:
             # The runs' headcount as the last daemon left it: paused agents stay paused.
@@ -264,6 +280,15 @@ class AgentService:
                         logger.exception("agent %s: could not end a leftover process", rec["id"])
                 await self._interrupted(rec, turn)
             await self._resume(freed)
+            # A notice written just before the last daemon died still wakes its parent.
+            agents = self.store.state.agents
+            self._wake_soon(a for a, rec in agents.items() if rec["state"] == "idle")
+
+    def use_agent_tools(self, tools: AgentTools) -> None:
+        """Hand each turn ``tools(agent_id, spec)`` (``TurnRequest.extra_tools``): the daemon
+        gives ``openai`` agents corral's own tools this way (``openai.corralTools``)."""
+        v.callable_("use_agent_tools", "tools", tools)
+        self._agent_tools = tools
 
     async def close(self) -> None:
         """Stop running turns (their processes are ended; nothing is written for them, so the
@@ -1144,6 +1169,7 @@ class AgentService:
             paused_s=pauses.paused_s,
             lookup=self.store.state.agents.get,
             heartbeat=beat,
+            extra_tools=() if self._agent_tools is None else self._agent_tools(agent_id, spec),
         )
         try:
             outcome = await _turns.run(self.harnesses[spec.harness], turn_request)
@@ -1367,6 +1393,7 @@ class AgentService:
         if ended:
             # Headcount freed: the best paused agents of those runs resume at once.
             await self._resume(await self._headcount.freed(self.store.state, ended, self._spec))
+        self._wake_soon(_wake.observe(written, self._wakes))
         return written
 
     # --- headcount (see _headcount) -------------------------------------------------------
@@ -1401,6 +1428,37 @@ class AgentService:
             await self._commit(events)
             if turn is not None:
                 self._launch(agent_id, *turn)
+
+    def _wake_soon(self, agent_ids: Iterable[str]) -> None:
+        """Queue a wake check of each ``wake`` agent in ``agent_ids`` (see ``_wake``): run on
+        a task of its own, as the caller holds the mutex."""
+        for agent_id in agent_ids:
+            if self._closed or agent_id in self._waking:
+                continue
+            if agent_id in self.store.state.agents and self._spec(agent_id).wake:
+                self._waking.add(agent_id)
+                self._soon(self._wake(agent_id))
+
+    async def _wake(self, agent_id: str) -> None:
+        """Wake ``agent_id`` if it is (still) an idle ``wake`` agent with pending notices."""
+        async with self._mutex:
+            # From here on a new notice queues another check: this one may miss it.
+            self._waking.discard(agent_id)
+            if self._closed:
+                return
+            state, now = self.store.state, self.clock.now()
+            woken = _wake.plan(state, agent_id, self._spec, now, self._wakes)
+            if woken is None:
+                return
+            try:
+                await self._commit(woken.events)
+            except StoreUnavailableError as exc:
+                # The notices stay pending: the next commit about the agent, or the next
+                # start, checks it again.
+                logger.warning("agent %s: not woken: %s", agent_id, exc.message)
+                return
+            if woken.turn is not None:
+                self._launch(agent_id, woken.turn, woken.prompt)
 
     # --- harness workers --------------------------------------------------------------------
 

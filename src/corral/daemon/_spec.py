@@ -7,7 +7,7 @@ import re
 from typing import Any, Literal
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
@@ -23,6 +23,22 @@ SPEC_IDENTIFIERS = frozenset({"name", "parent"})
 _FUNCTION_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _RESERVED_OPTIONS = frozenset({"model", "messages", "tools", "stream"})
 _CAP_OPTIONS = frozenset({"max_tokens", "max_completion_tokens"})
+# corral's own tools an ``openai`` agent may be given (``openai.corralTools``): the MCP tools
+# of the same names, called with the agent's token (see corral.daemon._agent_tools).
+CORRAL_TOOLS = (
+    "agent_spawn",
+    "agent_prompt",
+    "agent_stop",
+    "agent_status",
+    "agent_list",
+    "inbox_read",
+    "decisions_list",
+    "decision_answer",
+    "action_check",
+    "db_targets",
+    "db_schema",
+    "db_query",
+)
 
 
 class _Model(BaseModel):
@@ -168,7 +184,9 @@ class OpenAISpec(_Model):
     ``model_options`` are body fields sent with every model call (``temperature``,
     ``max_tokens``, ...); ``max_tokens`` / ``max_completion_tokens`` bound a call's output,
     which is what a budget's worst case is estimated from. ``tools`` (at most 32, names
-    unique) are commands the model may call (see :class:`OpenAIToolSpec`).
+    unique) are commands the model may call (see :class:`OpenAIToolSpec`). ``corral_tools``
+    gives the model corral's own tools, scoped by the agent's token: ``true`` for all of
+    :data:`CORRAL_TOOLS`, a list for some of them, ``false`` (the default) for none.
     """
 
     base_url: str = Field(min_length=1)
@@ -178,6 +196,27 @@ class OpenAISpec(_Model):
     price: PriceSpec | None = None
     model_options: dict[str, Any] = Field(default_factory=dict)
     tools: list[OpenAIToolSpec] = Field(default_factory=list, max_length=MAX_TOOLS)
+    corral_tools: StrictBool | list[str] = False
+
+    def corral_tool_names(self) -> list[str]:
+        """The names of corral's tools the agent is given (none unless ``corralTools``)."""
+        if self.corral_tools is True:
+            return list(CORRAL_TOOLS)
+        if self.corral_tools is False:
+            return []
+        return list(self.corral_tools)
+
+    @field_validator("corral_tools")
+    @classmethod
+    def _known_corral_tools(cls, names: bool | list[str]) -> bool | list[str]:
+        if isinstance(names, bool):
+            return names
+        for i, name in enumerate(names):
+            if name not in CORRAL_TOOLS:
+                raise _problem(f"[{i}] must be one of {list(CORRAL_TOOLS)}, got {name[:80]!r}")
+            if name in names[:i]:
+                raise _problem(f"[{i}] {name!r} is listed twice")
+        return names
 
     @field_validator("tools")
     @classmethod
@@ -191,6 +230,13 @@ class OpenAISpec(_Model):
                 )
             first[tool.name] = i
         return tools
+
+    @model_validator(mode="after")
+    def _no_name_twice(self) -> OpenAISpec:
+        taken = sorted({t.name for t in self.tools} & set(self.corral_tool_names()))
+        if taken:
+            raise _problem(f"tools {taken} have the names of corral's tools (corralTools)")
+        return self
 
 
 class AgentSpec(_Model):
@@ -236,6 +282,11 @@ class AgentSpec(_Model):
     # docs/daemon.md.
     heartbeat_s: float | None = Field(default=None, gt=0, allow_inf_nan=False, strict=True)
     recovery: RecoverySpec | None = None
+    # Coordinators (docs/daemon.md, "Coordinators"): ``wake`` starts a turn of this agent,
+    # idle, when notices from its children reach it; at most ``max_wakes_per_minute`` wakes
+    # in a row within a minute, then it is held for a person (``wake-limit``).
+    wake: bool = Field(default=False, strict=True)
+    max_wakes_per_minute: int = Field(default=20, ge=1, le=10_000, strict=True)
 
     def cross_field_problems(self) -> list[dict[str, Any]]:
         """Problems that need more than one field to see."""

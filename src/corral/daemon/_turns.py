@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -17,6 +17,7 @@ from corral.daemon._spec import AgentSpec
 from corral.daemon._text import escape, escape_json
 from corral.daemon.harnesses import (
     AdoptingHarness,
+    ExtraTool,
     Harness,
     NothingToAdoptError,
     TurnFailedError,
@@ -57,11 +58,13 @@ def request(
     paused_s: Callable[[], float] | None = None,
     lookup: _tree_budget.Lookup | None = None,
     heartbeat: Callable[[], None] | None = None,
+    extra_tools: Sequence[ExtraTool] = (),
 ) -> TurnRequest:
     """Turn ``turn`` of the agent, with what is left of its budget at ``now`` (and of each
     ancestor's, found with ``lookup``: the tightest of them), the action check its harness
-    asks before each tool call, how long it has waited on people, and what its harness
-    calls on each sign of life (``heartbeat``, see ``_stall``)."""
+    asks before each tool call, how long it has waited on people, what its harness calls on
+    each sign of life (``heartbeat``, see ``_stall``), and the tools the daemon adds to its
+    spec's (``extra_tools``)."""
     own = _budget.in_force(rec, spec).to_budget()
     remaining = _tree_budget.remaining(rec, own, lookup or _no_agent, now)
     timeout_s = spec.turn_timeout_s
@@ -83,6 +86,7 @@ def request(
         check_action=check_action,
         paused_s=paused_s,
         heartbeat=heartbeat,
+        extra_tools=tuple(extra_tools),
     )
 
 

@@ -10,7 +10,7 @@ from corral.daemon._mcp._server import (
     mcp_asgi_app,
     run_stdio,
 )
-from corral.daemon._mcp._tools import TOOLS, Tool
+from corral.daemon._mcp._tools import TOOLS, Tool, input_schema, parse_args, run_tool
 
 __all__ = [
     "SERVER_NAME",
@@ -19,6 +19,9 @@ __all__ = [
     "ScopedApi",
     "Tool",
     "build_mcp_server",
+    "input_schema",
     "mcp_asgi_app",
+    "parse_args",
     "run_stdio",
+    "run_tool",
 ]

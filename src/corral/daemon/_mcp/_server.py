@@ -11,7 +11,6 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, NamedTuple
 
 import mcp_types as types
-import pydantic
 from mcp.server import Server, ServerRequestContext
 from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
@@ -21,10 +20,8 @@ from starlette.types import ASGIApp
 
 from corral.daemon._api import AgentApi
 from corral.daemon._auth import CALLER_SCOPE_KEY, Caller
-from corral.daemon._errors import InvalidRequestError, OutOfScopeError
-from corral.daemon._mcp._tools import TOOLS, input_schema
-from corral.daemon._spec import problems_of
-from corral.daemon._text import json_problems
+from corral.daemon._errors import OutOfScopeError
+from corral.daemon._mcp._tools import TOOLS, input_schema, parse_args, run_tool
 from corral.kernel import CorralError
 from corral.kernel import _validate as v
 
@@ -88,34 +85,21 @@ def build_mcp_server(
                 types.INVALID_PARAMS, f"unknown tool {params.name!r}; the tools are {list(tools)}"
             )
         # Argument errors are invalid_request, as over HTTP; a spec inside them invalid_spec.
-        what = f"{tool.name} arguments"
+        # The same text rules as HTTP bodies (see parse_args).
         try:
-            args = tool.args.model_validate(params.arguments or {})
-        except pydantic.ValidationError as exc:
-            return _error(InvalidRequestError(problems_of(exc), what=what))
-        # The same text rules as HTTP bodies: the spec is parse_spec's to check, a gateway
-        # request the gateway's (only lone surrogates are refused in it here).
-        problems = json_problems(
-            args.model_dump(by_alias=True, exclude_none=True, exclude={"spec"}),
-            skip={"request"},
-        )
-        if problems:
-            return _error(InvalidRequestError(problems, what=what))
+            args = parse_args(tool, params.arguments)
+        except CorralError as exc:
+            return _error(exc)
         try:
             caller = _caller(ctx)
             if caller is not None and scoped is not None:
-                return _result(await tool.run(scoped(caller), args))
+                return _result(await run_tool(tool, scoped(caller), args))
             if caller is not None and caller.agent is not None:
                 raise OutOfScopeError(caller.agent, "the MCP endpoint (run `corral mcp` instead)")
-            return _result(await tool.run(api, args))
+            # A bug, not a refusal, is a tool error too (the log gets the traceback).
+            return _result(await run_tool(tool, api, args))
         except CorralError as exc:
             return _error(exc)
-        except Exception:
-            # A bug, not a refusal: the caller gets a tool error, the log gets the traceback.
-            logger.exception("MCP tool %s failed", tool.name)
-            return _error(
-                CorralError(f"{tool.name} failed inside the daemon; see its log", tool=tool.name)
-            )
 
     return Server(
         name,

@@ -3,16 +3,23 @@ schema), description and hints, and the one :class:`AgentApi` call it makes."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import logging
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import mcp_types as types
+import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from corral.daemon._api import AgentApi
-from corral.daemon._spec import AgentSpec
+from corral.daemon._errors import InvalidRequestError
+from corral.daemon._spec import AgentSpec, problems_of
+from corral.daemon._text import json_problems
+from corral.kernel import CorralError
+
+logger = logging.getLogger("corral.daemon.mcp")
 
 # --- tool arguments ---------------------------------------------------------------------------
 
@@ -187,6 +194,39 @@ class Tool:
                 open_world_hint=False,
             ),
         )
+
+
+def parse_args(tool: Tool, arguments: Mapping[str, Any] | None) -> Args:
+    """The tool's arguments, checked: ``InvalidRequestError`` (every problem listed) for
+    arguments its model refuses, or text no store could keep (the spec is ``parse_spec``'s
+    to check, a gateway request the gateway's: only lone surrogates are refused in it)."""
+    what = f"{tool.name} arguments"
+    try:
+        args = tool.args.model_validate(dict(arguments or {}))
+    except pydantic.ValidationError as exc:
+        raise InvalidRequestError(problems_of(exc), what=what) from None
+    problems = json_problems(
+        args.model_dump(by_alias=True, exclude_none=True, exclude={"spec"}),
+        skip={"request"},
+    )
+    if problems:
+        raise InvalidRequestError(problems, what=what)
+    return args
+
+
+async def run_tool(tool: Tool, api: AgentApi, args: Args) -> dict[str, Any]:
+    """Run the tool on ``api`` (arguments from :func:`parse_args`): its structured result.
+    Every refusal is the ``CorralError`` the API raised; anything else (a bug) is logged and
+    raised as a ``CorralError`` that says the tool failed inside the daemon."""
+    try:
+        return await tool.run(api, args)
+    except CorralError:
+        raise
+    except Exception:
+        logger.exception("MCP tool %s failed", tool.name)
+        raise CorralError(
+            f"{tool.name} failed inside the daemon; see its log", tool=tool.name
+        ) from None
 
 
 def input_schema(args: type[Args]) -> dict[str, Any]:

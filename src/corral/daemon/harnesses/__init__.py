@@ -2,6 +2,7 @@
 
 from corral.daemon.harnesses._base import (
     AdoptingHarness,
+    ExtraTool,
     Harness,
     NothingToAdoptError,
     TurnFailedError,
@@ -17,6 +18,7 @@ from corral.daemon.harnesses._timer import TurnTimer
 __all__ = [
     "AdoptingHarness",
     "CommandHarness",
+    "ExtraTool",
     "Harness",
     "NothingToAdoptError",
     "OpenAIHarness",

@@ -2,13 +2,32 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from corral.daemon._spec import AgentSpec
 from corral.kernel import ActionCheck, CorralError, ExecutionBudget
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExtraTool:
+    """A tool the daemon hands a turn on top of the spec's own (corral's tools, scoped by the
+    agent's token; see ``openai.corralTools``).
+
+    ``name`` is what the model calls, ``description`` what it is told, ``parameters`` the
+    JSON Schema (an object) of its arguments. ``call(arguments)`` runs it with the model's
+    arguments (a JSON object) and returns the result the model reads; it raises
+    :class:`corral.agent.ToolError` to tell the model a call was refused or went wrong (the
+    turn goes on). A harness that gives its model tools offers these too, each call checked
+    with ``check_action`` like its own; the others ignore them.
+    """
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any]
+    call: Callable[[dict[str, Any]], Awaitable[str]]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,6 +60,8 @@ class TurnRequest:
     ``python`` harnesses when the agent touches its heartbeat file (``CORRAL_HEARTBEAT_FILE``,
     see ``_liveness``) or, for a command, writes output; the ``openai`` harness at each model
     call and tool call. It is cheap and never raises.
+
+    ``extra_tools`` are tools the daemon adds for this agent (see :class:`ExtraTool`).
     """
 
     agent_id: str
@@ -55,6 +76,7 @@ class TurnRequest:
     check_action: ActionCheck | None = None
     paused_s: Callable[[], float] | None = None
     heartbeat: Callable[[], None] | None = None
+    extra_tools: tuple[ExtraTool, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

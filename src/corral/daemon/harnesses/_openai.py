@@ -13,7 +13,7 @@ from corral.agent import Agent
 from corral.daemon.harnesses._base import TurnFailedError, TurnRequest, TurnResult
 from corral.daemon.harnesses._process import PID_FILE, Limits, reap_pid_file
 from corral.daemon.harnesses._timer import TurnTimer
-from corral.daemon.harnesses._tools import command_tools
+from corral.daemon.harnesses._tools import command_tools, extra_tools
 from corral.kernel import (
     BudgetExhaustedError,
     CorralError,
@@ -41,7 +41,8 @@ class OpenAIHarness:
     The client talks to ``spec.openai.base_url`` with ``spec.openai.model``; its API key is
     ``os.environ[spec.openai.api_key_env]`` when ``api_key_env`` is set (the spec holds the
     variable's name, never the key); ``spec.openai.price`` prices the model. The agent gets
-    ``spec.openai.instructions``, the tools of ``spec.openai.tools`` and
+    ``spec.openai.instructions``, the tools of ``spec.openai.tools`` and of
+    ``request.extra_tools`` (corral's own, when the spec asks for them), and
     ``request.remaining`` as its budget with ``max_turns`` lifted: the daemon counts its own
     turns, and one daemon turn may take several model round-trips. The model is not retried
     here: a failed call fails the turn and the agent's failure policy decides what comes
@@ -160,7 +161,10 @@ class OpenAIHarness:
                     agent_id=request.agent_id,
                     instructions=options.instructions,
                     budget=budget,
-                    tools=command_tools(request, self.tool_limits),
+                    tools=[
+                        *command_tools(request, self.tool_limits),
+                        *extra_tools(request),
+                    ],
                     middleware=middleware,
                     model_options=options.model_options,
                 )

@@ -1,4 +1,5 @@
-"""The tools of an ``openai`` agent: commands of its spec, run as the agent's processes."""
+"""The tools of an ``openai`` agent: commands of its spec, run as the agent's processes, and
+the tools the daemon adds (``TurnRequest.extra_tools``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from corral.agent import Tool, ToolError, ToolFailedError
 from corral.daemon._spec import OpenAIToolSpec
-from corral.daemon.harnesses._base import TurnRequest
+from corral.daemon.harnesses._base import ExtraTool, TurnRequest
 from corral.daemon.harnesses._process import (
     PID_FILE,
     Limits,
@@ -75,4 +76,19 @@ def _command_tool(request: TurnRequest, spec: OpenAIToolSpec, limits: Limits) ->
 
     return Tool.from_schema(
         run, name=name, description=spec.description, parameters=spec.parameters
+    )
+
+
+def extra_tools(request: TurnRequest) -> list[Tool]:
+    """``request.extra_tools`` as :class:`corral.agent.Tool` objects (see
+    :class:`~corral.daemon.harnesses.ExtraTool`)."""
+    return [_extra_tool(extra) for extra in request.extra_tools]
+
+
+def _extra_tool(extra: ExtraTool) -> Tool:
+    async def run(arguments: dict[str, Any]) -> str:
+        return await extra.call(arguments)
+
+    return Tool.from_schema(
+        run, name=extra.name, description=extra.description, parameters=extra.parameters
     )
