@@ -45,6 +45,7 @@ def build_app() -> "typer.Typer":
         _agents.budget,
         _events.events,
         _agents.inbox,
+        _agents.session,
         _decisions.decisions,
         _decisions.decide,
         _decisions.approve,

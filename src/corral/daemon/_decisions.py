@@ -6,7 +6,7 @@ A turn's outcome under the failure policy and the budget, and holding an agent f
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -126,11 +126,19 @@ def drop_pending(state: State, agent_id: str) -> list[NewEvent]:
 
 
 def turn_succeeded(
-    state: State, rec: AgentRecord, spec: AgentSpec, turn: int, output: str, usage: TurnUsage
+    state: State,
+    rec: AgentRecord,
+    spec: AgentSpec,
+    turn: int,
+    output: str,
+    usage: TurnUsage,
+    *,
+    messages: Sequence[Mapping[str, Any]] = (),
 ) -> list[NewEvent]:
-    """The turn's output is kept, the agent goes idle, and its parent hears if it asked to."""
+    """The turn's output (and ``messages``, what its harness said in it) is kept, the agent
+    goes idle, and its parent hears if it asked to."""
     return [
-        ev.turn_completed(rec["id"], turn, output, usage),
+        ev.turn_completed(rec["id"], turn, output, usage, messages),
         ev.turn_done(rec["id"]),
         *_notices.on_turn(state, rec, spec, "done", output=output),
     ]
@@ -168,7 +176,10 @@ def turn_failed(
             return events + budget_hold(state, after, why), None
         assert rec["lastPrompt"] is not None
         retry = turn + 1
-        events.append(ev.turn_started(agent_id, retry, rec["lastPrompt"], retry=True, notices=[]))
+        text = _notices.resend_text(state, rec)
+        events.append(
+            ev.turn_started(agent_id, retry, rec["lastPrompt"], retry=True, notices=[], text=text)
+        )
         return events, retry
     if decision.action == "hold":
         assert decision.reason is not None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from corral.daemon._records import AgentRecord, TurnUsage
 
@@ -33,6 +33,8 @@ GATEWAY_FROZEN = "gateway.agent_frozen"
 # Named operator tokens (only a hash of each secret is kept)
 TOKEN_CREATED = "token.created"
 TOKEN_REVOKED = "token.revoked"
+# Sessions (see _sessions): a session deleted as its history policy says
+SESSION_CLEARED = "session.cleared"
 
 EVENT_TYPES = frozenset(
     {
@@ -53,6 +55,7 @@ EVENT_TYPES = frozenset(
         GATEWAY_FROZEN,
         TOKEN_CREATED,
         TOKEN_REVOKED,
+        SESSION_CLEARED,
     }
 )
 
@@ -90,10 +93,13 @@ class Event:
 
 
 class TurnStartedData(TypedDict):
+    """``text``: what the agent got, the notices in front of ``prompt``, when it had any."""
+
     turn: int
     prompt: str
     retry: bool
     notices: list[int]
+    text: NotRequired[str]
 
 
 class TurnEndedData(TypedDict, total=False):
@@ -105,6 +111,7 @@ class TurnEndedData(TypedDict, total=False):
     error: str
     consecutiveFailures: int
     usage: TurnUsage | None
+    messages: list[dict[str, Any]]  # what the harness said in the turn (_sessions.turn_messages)
 
 
 class StateChangedData(TypedDict, total=False):
@@ -162,14 +169,40 @@ def agent_created(record: AgentRecord) -> NewEvent:
 
 
 def turn_started(
-    agent_id: str, turn: int, prompt: str, *, retry: bool, notices: Sequence[int]
+    agent_id: str,
+    turn: int,
+    prompt: str,
+    *,
+    retry: bool,
+    notices: Sequence[int],
+    text: str | None = None,
 ) -> NewEvent:
-    data = {"turn": turn, "prompt": prompt, "retry": retry, "notices": list(notices)}
+    """Turn ``turn`` starts with ``prompt``; ``text`` is what the agent gets when it is not
+    the prompt alone (notices in front of it): the agent's session keeps that."""
+    data: dict[str, Any] = {
+        "turn": turn,
+        "prompt": prompt,
+        "retry": retry,
+        "notices": list(notices),
+    }
+    if text is not None and text != prompt:
+        data["text"] = text
     return NewEvent(TURN_STARTED, agent_id, data)
 
 
-def turn_completed(agent_id: str, turn: int, output: str, usage: TurnUsage) -> NewEvent:
-    return NewEvent(TURN_COMPLETED, agent_id, {"turn": turn, "output": output, "usage": usage})
+def turn_completed(
+    agent_id: str,
+    turn: int,
+    output: str,
+    usage: TurnUsage,
+    messages: Sequence[Mapping[str, Any]] = (),
+) -> NewEvent:
+    """The turn succeeded; ``messages`` are what its harness said in it (checked and
+    bounded by ``_sessions.turn_messages``), kept in the agent's session."""
+    data: dict[str, Any] = {"turn": turn, "output": output, "usage": usage}
+    if messages:
+        data["messages"] = [dict(m) for m in messages]
+    return NewEvent(TURN_COMPLETED, agent_id, data)
 
 
 def turn_failed(
@@ -379,6 +412,11 @@ class TokenRevokedData(TypedDict):
 
     name: str
     by: str | None
+
+
+def session_cleared(agent_id: str, reason: str) -> NewEvent:
+    """The agent's session is deleted (``reason``: ``run ended``)."""
+    return NewEvent(SESSION_CLEARED, agent_id, {"reason": reason})
 
 
 def token_created(name: str, sha256: str, by: str | None) -> NewEvent:

@@ -29,6 +29,8 @@ from corral.daemon import (
     _decisions,
     _notices,
     _queries,
+    _retention,
+    _sessions,
     _tokens,
     _turns,
 )
@@ -298,6 +300,17 @@ class AgentService:
     def list_agents(self) -> list[Json]:
         return [dict(r) for r in self.store.state.agents.values()]
 
+    def session(self, agent_id: str) -> Json:
+        """The agent's session: ``{"agentId", "history", "messages"}``, oldest first (see
+        ``_sessions``)."""
+        rec = self._record(agent_id)
+        messages = self.store.state.sessions.get(agent_id, [])
+        return {
+            "agentId": agent_id,
+            "history": _sessions.history_of(rec),
+            "messages": [dict(m) for m in messages],
+        }
+
     def in_scope(self, principal: str, agent_id: str) -> bool:
         """Whether ``agent_id`` is ``principal`` or one of its descendants (an unknown id is
         in no one's scope)."""
@@ -435,16 +448,22 @@ class AgentService:
             pending = _notices.pending(self.store.state, agent_id)
             turn = rec["turns"] + 1
             events.append(ev.prompted(agent_id, rec["state"]))
+            text = _notices.with_notices(prompt, pending)
             events.append(
                 ev.turn_started(
-                    agent_id, turn, prompt, retry=False, notices=[n["id"] for n in pending]
+                    agent_id,
+                    turn,
+                    prompt,
+                    retry=False,
+                    notices=[n["id"] for n in pending],
+                    text=text,
                 )
             )
             result = CommandResult(202, {"id": agent_id, "accepted": "prompt"})
             if answering is not None:
                 result = CommandResult(200, answering.body(agent_id))
             await self._commit(events, idempotency_key, command, result)
-            self._launch(agent_id, turn, _notices.with_notices(prompt, pending))
+            self._launch(agent_id, turn, text)
             return result
 
     async def stop(
@@ -1028,6 +1047,7 @@ class AgentService:
             env=env,
             check_action=self._harness_check,
             paused_s=pauses.paused_s,
+            session=_sessions.before(self.store.state.sessions.get(agent_id), turn),
         )
         outcome = await _turns.run(self.harnesses[spec.harness], turn_request)
         await self._settle_turn(agent_id, turn, outcome)
@@ -1046,6 +1066,7 @@ class AgentService:
             env=_turns.agent_env(rec, self.url, self._token),
             check_action=self._harness_check,
             paused_s=self.pauses(agent_id).paused_s,
+            session=_sessions.before(self.store.state.sessions.get(agent_id), turn),
         )
         logger.info("agent %s: adopting turn %d, left waiting on a person", agent_id, turn)
         outcome = await _turns.adopt(harness, turn_request)
@@ -1124,7 +1145,10 @@ class AgentService:
         spec = self._spec(rec["id"])
         state = self.store.state
         events = self._withdraw(rec["id"], f"turn {turn} ended", turn=turn)
-        events += _decisions.turn_succeeded(state, rec, spec, turn, result.output, usage)
+        messages = _sessions.turn_messages(result.messages)
+        events += _decisions.turn_succeeded(
+            state, rec, spec, turn, result.output, usage, messages=messages
+        )
         await self._commit(events)
         self._release_if_ended(rec["id"])
 
@@ -1167,6 +1191,8 @@ class AgentService:
         result: CommandResult | None = None,
     ) -> list[Event]:
         events = list(events)
+        # Sessions a run's end deletes are deleted in the same commit (see _retention).
+        events += _retention.on_commit(self.store.state, events, self.clock.now().isoformat())
         if key is not None and command is not None and result is not None:
             events.append(_commands.recorded(key, command, result))
         written = await self.store.append(events)

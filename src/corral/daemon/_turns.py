@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -12,7 +12,7 @@ from typing import Any
 
 from corral.daemon import _budget
 from corral.daemon._auth import agent_token
-from corral.daemon._records import AgentRecord
+from corral.daemon._records import AgentRecord, SessionMessage
 from corral.daemon._spec import AgentSpec
 from corral.daemon._text import escape, escape_json
 from corral.daemon.harnesses import (
@@ -55,9 +55,11 @@ def request(
     env: dict[str, str],
     check_action: ActionCheck | None = None,
     paused_s: Callable[[], float] | None = None,
+    session: Sequence[SessionMessage] = (),
 ) -> TurnRequest:
     """Turn ``turn`` of the agent, with what is left of its budget at ``now``, the action
-    check its harness asks before each tool call, and how long it has waited on people."""
+    check its harness asks before each tool call, how long it has waited on people, and its
+    ``session`` before this turn."""
     age = _budget.age_s(rec["createdAt"], now)
     remaining = _budget.remaining(_budget.in_force(rec, spec).to_budget(), rec["usage"], age)
     timeout_s = spec.turn_timeout_s
@@ -78,6 +80,7 @@ def request(
         remaining=remaining,
         check_action=check_action,
         paused_s=paused_s,
+        session=tuple(session),
     )
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from corral.daemon._records import SessionMessage
 from corral.daemon._spec import AgentSpec
 from corral.kernel import ActionCheck, CorralError, ExecutionBudget
 
@@ -34,6 +35,11 @@ class TurnRequest:
     own time -- time gone by less ``paused_s()`` -- passes ``timeout_s``, and the approval's
     own timeout decides how long a wait may be (see ``TurnTimer``). It must only grow,
     never raise, and be cheap: harnesses read it whenever they check their time limit.
+
+    ``session`` is the agent's conversation before this turn, oldest first (empty when its
+    ``history`` is ``none``; see ``corral.daemon._sessions``): the ``command`` harness writes
+    it to ``CORRAL_SESSION_FILE``, the ``python`` harness puts it in its context, the
+    ``openai`` harness sends it to the model before ``prompt``.
     """
 
     agent_id: str
@@ -47,15 +53,23 @@ class TurnRequest:
     remaining: ExecutionBudget = field(default_factory=ExecutionBudget)
     check_action: ActionCheck | None = None
     paused_s: Callable[[], float] | None = None
+    session: tuple[SessionMessage, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TurnResult:
-    """A successful turn: its output and what it spent (``cost_usd`` None when unknown)."""
+    """A successful turn: its output and what it spent (``cost_usd`` None when unknown).
+
+    ``messages`` are what the agent said in the turn, for its session, when it said more
+    than its output (the ``openai`` harness: each model reply with its ``toolCalls``, each
+    tool result, the final answer; see :class:`SessionMessage` for the keys); empty, the
+    session keeps ``output`` as the turn's answer.
+    """
 
     output: str
     tokens: int = 0
     cost_usd: float | None = 0.0
+    messages: tuple[Mapping[str, Any], ...] = ()
 
 
 class TurnFailedError(CorralError):

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.agent import Agent
+from corral.daemon.harnesses import _conversation
 from corral.daemon.harnesses._base import TurnFailedError, TurnRequest, TurnResult
 from corral.daemon.harnesses._process import PID_FILE, Limits, reap_pid_file
 from corral.daemon.harnesses._timer import TurnTimer
@@ -75,6 +76,11 @@ class OpenAIHarness:
 
     The result carries the tokens and dollars of the whole run; ``cost_usd`` is None when a
     model reply could not be priced (no ``price`` in the spec, or a reply without usage).
+
+    Session: ``request.session`` goes to the model before the prompt (after the
+    instructions), shaped by ``spec.compaction`` (``_conversation``; a ``summarize`` call is
+    paid from the turn's budget and counted in its usage); the result's ``messages`` are the
+    turn's replies, tool calls and tool results, for the agent's session.
 
     Failed turns (:class:`TurnFailedError`, with ``usage`` ``{"tokens", "costUsd"}`` spent
     before the failure): the key variable is unset or empty (the message names it); any
@@ -149,6 +155,9 @@ class OpenAIHarness:
                     timeout_s=request.timeout_s + 1.0,
                 ) as client,
             ):
+                history = await _conversation.prior_messages(
+                    request.session, request.spec.compaction, client, tracker
+                )
                 agent = Agent(
                     client,
                     agent_id=request.agent_id,
@@ -158,7 +167,7 @@ class OpenAIHarness:
                     middleware=middleware,
                     model_options=options.model_options,
                 )
-                run = await agent.run(request.prompt, tracker=tracker)
+                run = await agent.run(request.prompt, tracker=tracker, history=history)
         except TimeoutError as exc:
             if limit is None or not limit.expired():
                 raise _failed(exc, tracker, priced) from exc
@@ -169,10 +178,13 @@ class OpenAIHarness:
             ) from None
         except Exception as exc:
             raise _failed(exc, tracker, priced) from exc
+        # The turn's own messages follow the instructions, the history and the prompt.
+        said = run.messages[(1 if options.instructions else 0) + len(history) + 1 :]
         return TurnResult(
             output=run.output or "",
             tokens=run.usage.tokens,
             cost_usd=run.usage.cost_usd if priced.all_priced else None,
+            messages=_conversation.turn_messages(said),
         )
 
     async def reap(self, agent_id: str, state_dir: Path) -> bool:

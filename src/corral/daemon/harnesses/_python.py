@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from corral.daemon._records import SessionMessage
 from corral.daemon.harnesses._base import TurnFailedError, TurnRequest, TurnResult
 from corral.daemon.harnesses._timer import TurnTimer
 from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError
@@ -55,13 +56,16 @@ class TurnContext:
     """What a python-harness function is told about its turn (its second argument).
 
     ``env`` is the spec's ``env`` with the request's ``env`` on top (the worker process's
-    own environment, ``os.environ``, is the daemon's).
+    own environment, ``os.environ``, is the daemon's). ``session`` is the agent's
+    conversation before this turn, oldest first (:class:`SessionMessage` dicts: ``role``,
+    ``turn``, ``content``, ...; empty when its ``history`` is ``none``).
     """
 
     agent_id: str
     turn: int
     workdir: Path
     env: Mapping[str, str] = field(default_factory=dict)
+    session: tuple[SessionMessage, ...] = ()
 
 
 class PythonHarness:
@@ -150,6 +154,7 @@ class PythonHarness:
             turn=request.turn,
             workdir=request.workdir,
             env={**request.spec.env, **request.env},
+            session=request.session,
         )
         kept = await self._worker_for(request.agent_id)
         try:

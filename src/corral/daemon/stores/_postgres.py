@@ -31,7 +31,7 @@ _Pool = AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]
 
 # The projection tables: rebuilt together from the log when the stored projections were
 # built by another version of the reducer.
-_PROJECTIONS = ("agents", "notices", "decisions", "commands", "tokens")
+_PROJECTIONS = ("agents", "notices", "decisions", "commands", "tokens", "sessions")
 
 # One key for every corral schema: concurrent first opens must not race on CREATE TABLE.
 _SCHEMA_LOCK_KEY = 0x636F7272616C  # "corral"
@@ -52,6 +52,7 @@ class _Statements:
             "commands": table("commands"),
             "meta": table("meta"),
             "tokens": table("tokens"),
+            "sessions": table("sessions"),
             "counter": table("event_counter"),
         }
 
@@ -76,6 +77,10 @@ class _Statements:
             q("CREATE TABLE IF NOT EXISTS {meta} (key text PRIMARY KEY, value text NOT NULL)"),
             q("CREATE TABLE IF NOT EXISTS {tokens} (name text PRIMARY KEY, data json NOT NULL)"),
             q(
+                "CREATE TABLE IF NOT EXISTS {sessions} "
+                "(agent_id text PRIMARY KEY, data json NOT NULL)"
+            ),
+            q(
                 "CREATE TABLE IF NOT EXISTS {counter} (id boolean PRIMARY KEY DEFAULT true "
                 "CHECK (id), last_seq bigint NOT NULL)"
             ),
@@ -95,6 +100,8 @@ class _Statements:
         self.clear = {key: q(f"DELETE FROM {{{key}}}") for key in _PROJECTIONS}
         self.load_commands = q("SELECT key, data FROM {commands}")
         self.load_tokens = q("SELECT name, data FROM {tokens}")
+        self.load_sessions = q("SELECT agent_id, data FROM {sessions}")
+        self.delete_session = q("DELETE FROM {sessions} WHERE agent_id = %s")
         self.load_counter = q("SELECT last_seq FROM {counter}")
         self.bump = q("UPDATE {counter} SET last_seq = last_seq + %s RETURNING last_seq")
         self.insert_event = q(
@@ -111,6 +118,7 @@ class _Statements:
                 ("decisions", "id"),
                 ("commands", "key"),
                 ("tokens", "name"),
+                ("sessions", "agent_id"),
             )
         }
         cols = "SELECT seq, ts, type, agent_id, data FROM {events}"
@@ -222,6 +230,8 @@ class PostgresStore:
                 state.commands[key] = data
             for name, data in await (await conn.execute(self._sql.load_tokens)).fetchall():
                 state.tokens[name] = data
+            for agent_id, data in await (await conn.execute(self._sql.load_sessions)).fetchall():
+                state.sessions[agent_id] = data
             row = await (await conn.execute(self._sql.load_counter)).fetchone()
             state.last_seq = row[0] if row else 0
         return state
@@ -240,6 +250,7 @@ class PostgresStore:
         tx.agents, tx.notices = dict(state.agents), dict(state.notices)
         tx.decisions, tx.commands = dict(state.decisions), dict(state.commands)
         tx.tokens = dict(state.tokens)
+        tx.sessions = dict(state.sessions)
         await self._write(conn, [], tx)
         await conn.execute(self._sql.set_version, (str(PROJECTIONS_VERSION),))
 
@@ -328,6 +339,13 @@ class PostgresStore:
                         self._sql.upsert[key],
                         [(k, Json(rec, dumps=_dump)) for k, rec in rows.items()],
                     )
+            # Sessions: a new list is written, a cleared one (None) deleted.
+            written = [(k, Json(s, dumps=_dump)) for k, s in tx.sessions.items() if s is not None]
+            if written:
+                await cur.executemany(self._sql.upsert["sessions"], written)
+            cleared = [(k,) for k, s in tx.sessions.items() if s is None]
+            if cleared:
+                await cur.executemany(self._sql.delete_session, cleared)
 
     async def read(
         self, after: int = 0, *, agent_id: str | None = None, limit: int = 1000

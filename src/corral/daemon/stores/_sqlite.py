@@ -33,10 +33,11 @@ CREATE TABLE IF NOT EXISTS decisions (id TEXT PRIMARY KEY, data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS commands (key TEXT PRIMARY KEY, data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS tokens (name TEXT PRIMARY KEY, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (agent_id TEXT PRIMARY KEY, data TEXT NOT NULL);
 """
 # The projection tables, with their key column: rebuilt together from the log when the
 # stored projections were built by another version of the reducer.
-_PROJECTIONS = ("agents", "notices", "decisions", "commands", "tokens")
+_PROJECTIONS = ("agents", "notices", "decisions", "commands", "tokens", "sessions")
 
 
 def _dump(value: Any) -> str:
@@ -108,6 +109,8 @@ class SQLiteStore:
             state.commands[key] = json.loads(data)
         for name, data in conn.execute("SELECT name, data FROM tokens"):
             state.tokens[name] = json.loads(data)
+        for agent_id, data in conn.execute("SELECT agent_id, data FROM sessions"):
+            state.sessions[agent_id] = json.loads(data)
         (last,) = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
         state.last_seq = last
         return state
@@ -133,6 +136,7 @@ class SQLiteStore:
                 "INSERT OR REPLACE INTO tokens (name, data) VALUES (?, ?)",
                 [(k, _dump(v)) for k, v in state.tokens.items()],
             )
+            self._write_sessions(conn, dict(state.sessions))
             conn.execute(
                 "INSERT OR REPLACE INTO meta (key, value) VALUES ('projections', ?)",
                 (str(PROJECTIONS_VERSION),),
@@ -159,6 +163,18 @@ class SQLiteStore:
         conn.executemany(
             "INSERT OR REPLACE INTO decisions (id, data) VALUES (?, ?)",
             [(k, _dump(v)) for k, v in decisions.items()],
+        )
+
+    @staticmethod
+    def _write_sessions(conn: sqlite3.Connection, sessions: dict[str, Any]) -> None:
+        """Write the sessions changed (None: cleared, its row deleted)."""
+        conn.executemany(
+            "INSERT OR REPLACE INTO sessions (agent_id, data) VALUES (?, ?)",
+            [(k, _dump(v)) for k, v in sessions.items() if v is not None],
+        )
+        conn.executemany(
+            "DELETE FROM sessions WHERE agent_id = ?",
+            [(k,) for k, v in sessions.items() if v is None],
         )
 
     async def append(self, events: Sequence[NewEvent]) -> list[Event]:
@@ -206,6 +222,7 @@ class SQLiteStore:
                 "INSERT OR REPLACE INTO tokens (name, data) VALUES (?, ?)",
                 [(k, _dump(v)) for k, v in tx.tokens.items()],
             )
+            self._write_sessions(conn, tx.sessions)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:  # SQLite may have rolled back by itself already
