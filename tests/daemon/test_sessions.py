@@ -135,7 +135,7 @@ def test_harness_messages_replace_the_output_and_cleared_removes_the_session() -
     assert [m["role"] for m in state.sessions["a"]] == ["user", "assistant", "tool", "assistant"]
     assert state.sessions["a"][1]["toolCalls"][0]["name"] == "ls"
     assert state.sessions["a"][2]["toolCallId"] == "c1"
-    state = replay(log(*events, ev.session_cleared("a", "run ended")))
+    state = replay(log(*events, ev.sessions_cleared("r1", ["a"], "run ended")))
     assert state.sessions == {}
 
 
@@ -308,9 +308,10 @@ async def test_run_history_is_deleted_when_the_run_ends_and_permanent_is_kept(
     assert service.session(root)["messages"] == []
     assert service.session(kid)["messages"] == []
     assert contents(service.session(kept)["messages"]) == [("user", "note"), ("assistant", "ok")]
-    cleared = [e for e in await service.events() if e.type == ev.SESSION_CLEARED]
-    assert sorted(str(e.agent_id) for e in cleared) == sorted([root, kid])
-    assert {e.data["reason"] for e in cleared} == {"run ended"}
+    cleared = [e for e in await service.events() if e.type == ev.SESSIONS_CLEARED]
+    assert [e.data for e in cleared] == [
+        {"runId": service.get(root)["runId"], "agents": sorted([root, kid]), "reason": "run ended"}
+    ]
     assert (await sqlite_store.replay()).snapshot() == sqlite_store.state.snapshot()
 
 

@@ -33,8 +33,8 @@ GATEWAY_FROZEN = "gateway.agent_frozen"
 # Named operator tokens (only a hash of each secret is kept)
 TOKEN_CREATED = "token.created"
 TOKEN_REVOKED = "token.revoked"
-# Sessions (see _sessions): a session deleted as its history policy says
-SESSION_CLEARED = "session.cleared"
+# Sessions (see _sessions): a run's sessions deleted as their history policy says
+SESSIONS_CLEARED = "sessions.cleared"
 
 EVENT_TYPES = frozenset(
     {
@@ -55,7 +55,7 @@ EVENT_TYPES = frozenset(
         GATEWAY_FROZEN,
         TOKEN_CREATED,
         TOKEN_REVOKED,
-        SESSION_CLEARED,
+        SESSIONS_CLEARED,
     }
 )
 
@@ -414,9 +414,11 @@ class TokenRevokedData(TypedDict):
     by: str | None
 
 
-def session_cleared(agent_id: str, reason: str) -> NewEvent:
-    """The agent's session is deleted (``reason``: ``run ended``)."""
-    return NewEvent(SESSION_CLEARED, agent_id, {"reason": reason})
+def sessions_cleared(run_id: str, agent_ids: Sequence[str], reason: str) -> NewEvent:
+    """The sessions of ``agent_ids``, agents of run ``run_id``, are deleted (``reason``:
+    ``run ended``). An event of the run, not of one agent: it names no agent."""
+    data = {"runId": run_id, "agents": list(agent_ids), "reason": reason}
+    return NewEvent(SESSIONS_CLEARED, None, data)
 
 
 def token_created(name: str, sha256: str, by: str | None) -> NewEvent:

@@ -3,9 +3,10 @@
 An agent whose ``history`` is ``run`` keeps its session until its run ends: the run ends when
 every agent of it has ended (``failed`` or ``stopped``; an ended agent takes no prompt, and
 no agent can be spawned under an ended parent, so an ended run stays ended). The commit
-that ends the run's last live agent carries a ``session.cleared`` event for each such
-agent with a session, so replaying the log deletes them again. ``permanent`` sessions stay
-as long as the agent's record; ``none`` agents never have one.
+that ends the run's last live agent carries a ``sessions.cleared`` event naming the run's
+such agents with a session, so replaying the log deletes them again. It is an event of the
+run, naming no agent: an agent's own events end with the change that ended it.
+``permanent`` sessions stay as long as the agent's record; ``none`` agents never have one.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ RUN_ENDED = "run ended"
 
 
 def on_commit(state: State, events: Sequence[NewEvent], ts: str) -> list[NewEvent]:
-    """The ``session.cleared`` events to commit with ``events`` (at ``ts``): one for each
-    ``run``-history agent with a session in a run that ``events`` end."""
+    """The ``sessions.cleared`` events to commit with ``events`` (at ``ts``): one for each
+    run that ``events`` end, naming its ``run``-history agents with a session."""
     ending = [
         e.agent_id
         for e in events
@@ -45,7 +46,11 @@ def on_commit(state: State, events: Sequence[NewEvent], ts: str) -> list[NewEven
         ]
         if any(rec["state"] not in ENDED_STATES for rec in members):
             continue
-        for rec in sorted(members, key=lambda r: r["id"]):
-            if _sessions.history_of(rec) == "run" and after.session(rec["id"]):
-                cleared.append(ev.session_cleared(rec["id"], RUN_ENDED))
+        kept = sorted(
+            rec["id"]
+            for rec in members
+            if _sessions.history_of(rec) == "run" and after.session(rec["id"])
+        )
+        if kept:
+            cleared.append(ev.sessions_cleared(run_id, kept, RUN_ENDED))
     return cleared

@@ -5,7 +5,7 @@ Each agent's session is a projection the reducer (``_state``) builds from its tu
 that went in front of it included), ``agent.turn_completed`` the messages its harness
 reported (an ``openai`` agent's replies, tool calls and tool results) or else its output (an
 ``assistant`` message), ``agent.turn_failed`` the error (an ``error`` message), and
-``session.cleared`` empties it. So a session survives restarts and replay gives it back.
+``sessions.cleared`` deletes it. So a session survives restarts and replay gives it back.
 
 The spec's ``history`` decides what is kept: ``none`` keeps nothing (a turn sees its own
 prompt only), ``run`` (the default) keeps it until the agent's run ends -- every agent of

@@ -424,9 +424,10 @@ def _command(tx: Tx, event: Event) -> None:
     }
 
 
-def _session_cleared(tx: Tx, event: Event) -> None:
-    """The agent's session is deleted (its history policy says so: see _retention)."""
-    tx.sessions[_agent_id(event)] = None
+def _sessions_cleared(tx: Tx, event: Event) -> None:
+    """The sessions of a run's agents are deleted (their policy says so: see _retention)."""
+    for agent_id in event.data["agents"]:
+        tx.sessions[agent_id] = None
 
 
 def _token_created(tx: Tx, event: Event) -> None:
@@ -467,6 +468,6 @@ _HANDLERS: dict[str, Callable[[Tx, Event], None]] = {
     ev.GATEWAY_FROZEN: _no_projection,
     ev.TOKEN_CREATED: _token_created,
     ev.TOKEN_REVOKED: _token_revoked,
-    ev.SESSION_CLEARED: _session_cleared,
+    ev.SESSIONS_CLEARED: _sessions_cleared,
 }
 assert set(_HANDLERS) == ev.EVENT_TYPES
