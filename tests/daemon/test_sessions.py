@@ -13,6 +13,7 @@ from typing import Any, cast
 
 import httpx
 import pytest
+from mcp import Client
 
 from corral.daemon import (
     AgentService,
@@ -29,6 +30,7 @@ from corral.daemon import (
 from corral.daemon import _events as ev
 from corral.daemon._errors import InvalidSpecError, OutOfScopeError
 from corral.daemon._events import Event, NewEvent
+from corral.daemon._mcp import build_mcp_server
 from corral.daemon._records import AgentRecord
 from corral.daemon._spec import parse_spec
 from corral.daemon._state import PROJECTIONS_VERSION, replay
@@ -331,6 +333,20 @@ async def test_scoped_reads_of_a_session(front: Any) -> None:
         await mine.session(other)
     with pytest.raises(OutOfScopeError):
         await api.as_agent(child).session(parent)
+
+
+async def test_session_get_over_mcp(front: Any) -> None:
+    agent_id = (await front.api.spawn(spec(prompt="hi")))["id"]
+    await front.service.settled()
+    async with Client(build_mcp_server(front.api)) as client:
+        result = await client.call_tool("session_get", {"agentId": agent_id})
+        assert isinstance(result.structured_content, dict)
+        assert result.structured_content["agentId"] == agent_id
+        assert contents(result.structured_content["messages"]) == [
+            ("user", "hi"),
+            ("assistant", "ok"),
+        ]
+        assert (await client.call_tool("session_get", {"agentId": "a_00000000"})).is_error
 
 
 async def test_get_session_over_http(front: Any) -> None:
