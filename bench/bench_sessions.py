@@ -5,8 +5,8 @@ measured is the daemon's own work: the session projection rewritten at each turn
 end, and the session handed to the harness), each agent's session filled to 20 messages (10
 turns of ~200-character prompts and outputs) before the clock starts; then every agent runs
 ``TIMED_TURNS`` more turns, prompted again as soon as its last one is done (its session
-grows from 20 to 40 messages meanwhile). A row for sessions at their cap (200 messages) shows
-the worst case. Also: what writing a 20-message session file costs a command agent's turn.
+grows from 20 to 40 messages meanwhile); the median of three rounds, off and on interleaved.
+A row for sessions at their cap (200 messages, one run) shows the worst case. Also: what writing a 20-message session file costs a command agent's turn.
 
 Run with ``.venv/bin/python -m bench bench_sessions``. The PostgreSQL rows need a server at
 ``CORRAL_BENCH_PG`` (default postgresql://postgres@127.0.0.1:5432/postgres); without one they
@@ -16,6 +16,7 @@ are skipped with a note.
 from __future__ import annotations
 
 import asyncio
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ AGENTS = 100
 FILL_TURNS = 10  # 2 messages a turn: 20-message sessions when the clock starts
 TIMED_TURNS = 10
 CAP_FILL_TURNS = _sessions.MAX_MESSAGES // 2
+ROUNDS = 3
 TEXT = "x" * 200  # a prompt's, and an output's, length
 
 
@@ -84,14 +86,15 @@ async def turns_per_second(url: str, home: Path, history: str, fill_turns: int) 
 
 
 async def run(label: str, fresh: StoreURL, tmp: Path) -> list[str]:
-    rates = {}
-    for name, history, fill in (
-        ("off", "none", FILL_TURNS),
-        ("on", "run", FILL_TURNS),
-        ("cap", "run", CAP_FILL_TURNS),
-    ):
+    """``ROUNDS`` rounds of off then on (interleaved, so that a machine busy with something
+    else slows both alike), medians; then one run at the cap."""
+    runs: dict[str, list[float]] = {"off": [], "on": [], "cap": []}
+    plan = [("off", "none", FILL_TURNS), ("on", "run", FILL_TURNS)] * ROUNDS
+    for i, (name, history, fill) in enumerate([*plan, ("cap", "run", CAP_FILL_TURNS)]):
         async with fresh() as url:
-            rates[name] = await turns_per_second(url, tmp / f"{label}-{name}", history, fill)
+            home = tmp / f"{label}-{name}-{i}"
+            runs[name].append(await turns_per_second(url, home, history, fill))
+    rates = {name: statistics.median(found) for name, found in runs.items()}
     return [
         row(
             label,

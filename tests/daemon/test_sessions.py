@@ -387,7 +387,7 @@ async def test_sessions_survive_a_reopen_and_a_rebuild_of_the_projections(
     await reopened.close()
     # A store whose projections an older reducer wrote rebuilds them, sessions included.
     with sqlite3.connect(tmp_path / "corral.db") as conn:
-        conn.execute("DELETE FROM sessions")
+        conn.execute("DELETE FROM session_messages")
         conn.execute("UPDATE meta SET value = '2' WHERE key = 'projections'")
     conn.close()
     rebuilt = await open_sqlite()
@@ -396,6 +396,58 @@ async def test_sessions_survive_a_reopen_and_a_rebuild_of_the_projections(
         (version,) = conn.execute("SELECT value FROM meta WHERE key = 'projections'").fetchone()
     conn.close()
     assert int(version) == PROJECTIONS_VERSION
+
+
+def test_row_changes_write_only_what_is_new() -> None:
+    def msgs(*ns: int) -> list[Any]:
+        return [{"role": "user", "turn": n, "content": "", "at": TS, "n": n} for n in ns]
+
+    grown = _sessions.row_changes(msgs(1, 2), msgs(1, 2, 3, 4))
+    assert (grown.clear, grown.drop_below, [m["n"] for m in grown.insert]) == (False, None, [3, 4])
+    moved = _sessions.row_changes(msgs(1, 2, 3), msgs(3, 4))
+    assert (moved.clear, moved.drop_below, [m["n"] for m in moved.insert]) == (False, 3, [4])
+    assert _sessions.row_changes(msgs(1), None).clear
+    again = _sessions.row_changes(msgs(5, 6), msgs(1))
+    assert (again.clear, [m["n"] for m in again.insert]) == (True, [1])
+    fresh = _sessions.row_changes([], msgs(1, 2))
+    assert (fresh.clear, fresh.drop_below, len(fresh.insert)) == (False, None, 2)
+
+
+@pytest.mark.parametrize(
+    "kind", [pytest.param("sqlite"), pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+async def test_a_store_keeps_one_row_per_message_of_a_bounded_session(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_sessions, "MAX_MESSAGES", 5)
+
+    def open_one() -> Store:
+        if kind == "sqlite":
+            return SQLiteStore(tmp_path / "c.db")
+        return PostgresStore(request.getfixturevalue("postgres_dsn"))
+
+    store = open_one()
+    await store.open()
+    try:
+        await store.append([ev.agent_created(record("a")), ev.agent_created(record("b"))])
+        for n in range(1, 5):
+            await store.append([*turn("a", n, f"p{n}", f"o{n}"), *turn("b", n, "x", "y")])
+        await store.append([ev.sessions_cleared("r1", ["b"], "run ended")])
+        assert [m["n"] for m in store.state.sessions["a"]] == [4, 5, 6, 7, 8]
+        again = open_one()
+        await again.open()
+        try:
+            assert again.state.snapshot() == store.state.snapshot()
+            assert (await again.replay()).snapshot() == store.state.snapshot()
+        finally:
+            await again.close()
+    finally:
+        await store.close()
+    if kind == "sqlite":
+        with sqlite3.connect(tmp_path / "c.db") as conn:
+            rows = conn.execute("SELECT agent_id, n FROM session_messages").fetchall()
+        conn.close()
+        assert sorted(rows) == [("a", n) for n in range(4, 9)]
 
 
 @pytest.mark.postgres

@@ -153,13 +153,16 @@ class SessionMessage(TypedDict):
     ``role``: ``user`` (a turn's prompt, the notices that went in front of it included),
     ``assistant`` (a turn's output; for ``openai`` agents also each model reply, with its
     ``toolCalls``), ``tool`` (a tool's result: ``toolCallId``, ``name``) or ``error`` (why a
-    turn failed). ``turn`` is the agent's turn it belongs to, ``at`` when it was recorded.
+    turn failed). ``turn`` is the agent's turn it belongs to, ``at`` when it was recorded,
+    ``n`` its number in the agent's session (from 1, never reused while the session lasts;
+    every message of a session has one).
     """
 
     role: str
     turn: int
     content: str
     at: str
+    n: NotRequired[int]
     toolCalls: NotRequired[list[SessionToolCall]]
     toolCallId: NotRequired[str]
     name: NotRequired[str]

@@ -17,6 +17,9 @@ Bounds, so that no agent can grow the daemon without limit: a message's text is 
 :data:`MAX_MESSAGES` messages and :data:`MAX_SESSION_CHARS` characters, the oldest dropped
 first (never leaving a tool result without the call it answers at the front).
 
+Stores keep a session as one row per message (keyed by the agent and the message's ``n``), so
+a turn writes its new messages only, whatever the size of the session.
+
 This module depends on the records only: the reducer imports it.
 """
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +87,42 @@ def bounded(session: list[SessionMessage]) -> list[SessionMessage]:
     while start < len(session) and session[start]["role"] == "tool":
         start += 1
     return session if start == 0 else session[start:]
+
+
+def appended(session: list[SessionMessage], new: list[SessionMessage]) -> list[SessionMessage]:
+    """``session`` with ``new`` after it, numbered on from its last message (``n``), then
+    :func:`bounded`. A new list: ``session`` is not changed."""
+    n = session[-1].get("n", len(session)) if session else 0
+    numbered = list(session)
+    for message in new:
+        n += 1
+        numbered.append({**message, "n": n})
+    return bounded(numbered)
+
+
+@dataclass(frozen=True, slots=True)
+class RowChanges:
+    """How a store's rows of one session (one row per message, keyed by agent and ``n``)
+    go from one list to the next: delete them all (``clear``) or those numbered below
+    ``drop_below``, then insert ``insert``."""
+
+    clear: bool
+    drop_below: int | None
+    insert: list[SessionMessage]
+
+
+def row_changes(old: list[SessionMessage], new: list[SessionMessage] | None) -> RowChanges:
+    """What turns the rows of ``old`` into those of ``new`` (None: the session is gone).
+    A session only grows at its end and loses messages at its front, so only the new
+    messages are written, whatever the session's size."""
+    if not new:
+        return RowChanges(True, None, [])
+    first = new[0].get("n", 0)
+    if old and first < old[0].get("n", 0):
+        return RowChanges(True, None, list(new))  # emptied and begun again
+    last = old[-1].get("n", 0) if old else 0
+    drop = first if old and old[0].get("n", 0) < first else None
+    return RowChanges(False, drop, [m for m in new if m.get("n", 0) > last])
 
 
 def message(role: str, turn: int, content: str, at: str) -> SessionMessage:

@@ -232,7 +232,7 @@ def _add_to_session(tx: Tx, rec: AgentRecord, messages: list[SessionMessage]) ->
     an agent whose ``history`` is ``none``)."""
     if _sessions.history_of(rec) == "none":
         return
-    tx.sessions[rec["id"]] = _sessions.bounded([*tx.session(rec["id"]), *messages])
+    tx.sessions[rec["id"]] = _sessions.appended(tx.session(rec["id"]), messages)
 
 
 def _add_usage(rec: AgentRecord, usage: TurnUsage | None) -> None:
