@@ -1,12 +1,13 @@
 """Sessions: turns per second with sessions kept beside sessions off (``history: none``).
 
 100 agents on an in-process service with a harness that answers at once (so what is
-measured is the daemon's own work: the session projection rewritten at each turn's start and
-end, and the session handed to the harness), each agent's session filled to 20 messages (10
-turns of ~200-character prompts and outputs) before the clock starts; then every agent runs
-``TIMED_TURNS`` more turns, prompted again as soon as its last one is done (its session
-grows from 20 to 40 messages meanwhile); the median of three rounds, off and on interleaved.
-A row for sessions at their cap (200 messages, one run) shows the worst case. Also: what writing a 20-message session file costs a command agent's turn.
+measured is the daemon's own work: a turn's new session messages written at its start and
+end, the session bounded and handed to the harness), each agent's session filled to 20
+messages (10 turns of ~200-character prompts and outputs) before the clock starts; then every
+agent runs ``TIMED_TURNS`` more turns, prompted again as soon as its last one is done (its
+session grows from 20 to 40 messages meanwhile); the median of three rounds, off and on
+interleaved. A row for sessions at their cap (200 messages, one run) shows the worst case.
+Also: what writing a 20-message session file costs a command agent's turn.
 
 Run with ``.venv/bin/python -m bench bench_sessions``. The PostgreSQL rows need a server at
 ``CORRAL_BENCH_PG`` (default postgresql://postgres@127.0.0.1:5432/postgres); without one they
