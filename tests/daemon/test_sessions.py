@@ -23,6 +23,7 @@ from corral.daemon import (
     PythonHarness,
     SQLiteStore,
     Store,
+    TurnFailedError,
     TurnRequest,
     TurnResult,
     _sessions,
@@ -40,7 +41,7 @@ from corral.kernel import Role
 from corral.runtime import LLMSummarization, SlidingWindow, TokenTruncation
 from tests.daemon.conftest import MakeService
 from tests.support.harness import ScriptedHarness, fail
-from tests.support.openai_server import OpenAIServer, completion, tool_call
+from tests.support.openai_server import OpenAIServer, completion, reply, tool_call
 
 TS = "2026-01-01T00:00:00+00:00"
 
@@ -557,6 +558,33 @@ async def test_the_openai_harness_sends_the_session_and_returns_the_turns_messag
         "name": "ls",
     }
     assert result.messages[2]["content"] == "one file"
+
+
+async def test_a_failed_openai_turn_keeps_what_it_said_before_it_failed(
+    tmp_path: Path, openai_server: OpenAIServer, make_service: MakeService, open_sqlite: Any
+) -> None:
+    tool = {"name": "ls", "command": ["sh", "-c", "echo a.txt"]}
+    data = openai_spec(openai_server)
+    data["openai"]["tools"] = [tool]
+    openai_server.enqueue(
+        completion(tool_calls=[tool_call("ls", {}, id="c1")], usage=(10, 2)),
+        reply({"error": "down"}, status=500),
+    )
+    with pytest.raises(TurnFailedError) as caught:
+        await OpenAIHarness().run_turn(turn_request(tmp_path, data, session=()))
+    assert [m["role"] for m in caught.value.messages] == ["assistant", "tool"]
+
+    # Through the service: the session holds the tool call and its result before the error.
+    openai_server.enqueue(
+        completion(tool_calls=[tool_call("ls", {}, id="c2")], usage=(10, 2)),
+        reply({"error": "down"}, status=500),
+    )
+    service = await make_service(await open_sqlite(), harnesses={"openai": OpenAIHarness()})
+    agent_id = (await service.spawn({**data, "prompt": "list", "onFailure": "ask"})).body["id"]
+    await service.settled(agent_id)
+    messages = service.session(agent_id)["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "error"]
+    assert messages[2]["content"] == "a.txt\n"
 
 
 async def test_compaction_shapes_what_the_model_gets(

@@ -155,6 +155,7 @@ def turn_failed(
     *,
     before: list[NewEvent],
     dimension: str | None = None,
+    messages: Sequence[Mapping[str, Any]] = (),
 ) -> tuple[list[NewEvent], int | None]:
     """The failed turn and what the policy makes of it, after the events ``before``: the
     events to commit, and the number of the retry to start (None when there is none).
@@ -163,7 +164,7 @@ def turn_failed(
     ``budget-exhausted``, whatever the policy: only a bigger budget can help it."""
     agent_id = rec["id"]
     failures = rec["consecutiveFailures"] + 1
-    events = [*before, ev.turn_failed(agent_id, turn, error, failures, usage)]
+    events = [*before, ev.turn_failed(agent_id, turn, error, failures, usage, messages)]
     # The policy and the budget judge the agent as the failed turn leaves it.
     after = preview(state, events, now.isoformat()).get_agent(agent_id)
     assert after is not None

@@ -206,14 +206,23 @@ def turn_completed(
 
 
 def turn_failed(
-    agent_id: str, turn: int, error: str, failures: int, usage: Mapping[str, Any] | None
+    agent_id: str,
+    turn: int,
+    error: str,
+    failures: int,
+    usage: Mapping[str, Any] | None,
+    messages: Sequence[Mapping[str, Any]] = (),
 ) -> NewEvent:
-    data = {
+    """The turn failed; ``messages`` are what its harness said in it before (as for
+    :func:`turn_completed`)."""
+    data: dict[str, Any] = {
         "turn": turn,
         "error": error,
         "consecutiveFailures": failures,
         "usage": dict(usage) if usage else None,
     }
+    if messages:
+        data["messages"] = [dict(m) for m in messages]
     return NewEvent(TURN_FAILED, agent_id, data)
 
 

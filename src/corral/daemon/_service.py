@@ -1095,7 +1095,13 @@ class AgentService:
                         return
                     assert outcome.error is not None
                     await self._after_turn_failure(
-                        rec, turn, outcome.error, outcome.usage, [], dimension=outcome.dimension
+                        rec,
+                        turn,
+                        outcome.error,
+                        outcome.usage,
+                        [],
+                        dimension=outcome.dimension,
+                        messages=_sessions.turn_messages(outcome.messages),
                     )
                     return
             except StoreUnavailableError as exc:
@@ -1161,10 +1167,11 @@ class AgentService:
         before: list[NewEvent],
         *,
         dimension: str | None = None,
+        messages: Sequence[Mapping[str, Any]] = (),
     ) -> None:
-        """Write the failed turn (after ``before``) and what the policy makes of it (a turn
-        that stopped on budget ``dimension`` holds the agent); start a retry if it says so.
-        Call with the mutex held."""
+        """Write the failed turn (after ``before``; with ``messages``, what the agent said
+        in it) and what the policy makes of it (a turn that stopped on budget ``dimension``
+        holds the agent); start a retry if it says so. Call with the mutex held."""
         spec = self._spec(rec["id"])
         before = [*self._withdraw(rec["id"], f"turn {turn} ended", turn=turn), *before]
         events, retry = _decisions.turn_failed(
@@ -1177,6 +1184,7 @@ class AgentService:
             self.clock.now(),
             before=before,
             dimension=dimension,
+            messages=messages,
         )
         await self._commit(events)
         if retry is not None:

@@ -276,7 +276,8 @@ def _turn_failed(tx: Tx, event: Event) -> None:
     _add_usage(rec, data.get("usage"))
     rec["updatedAt"] = event.ts
     turn = data.get("turn", rec["turns"])
-    _add_to_session(tx, rec, [_sessions.message("error", turn, data["error"], event.ts)])
+    said = _sessions.stamped(data.get("messages") or [], turn, event.ts)
+    _add_to_session(tx, rec, [*said, _sessions.message("error", turn, data["error"], event.ts)])
 
 
 def _turn_interrupted(tx: Tx, event: Event) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -97,14 +97,16 @@ def state_dir(home: Path, agent_id: str) -> Path:
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What a turn came to: a ``result``, or an ``error`` with what it spent (``usage``) and,
-    when it stopped on its budget, the budget ``dimension``; or, for a turn taken up after a
-    restart, ``interrupted``: nothing of it was left to adopt."""
+    when it stopped on its budget, the budget ``dimension``, and what it said before it
+    failed (``messages``); or, for a turn taken up after a restart, ``interrupted``: nothing
+    of it was left to adopt."""
 
     result: TurnResult | None = None
     error: str | None = None
     usage: dict[str, Any] | None = None
     dimension: str | None = None
     interrupted: bool = False
+    messages: tuple[Mapping[str, Any], ...] = ()
 
 
 async def run(harness: Harness, turn: TurnRequest) -> Outcome:
@@ -137,7 +139,12 @@ async def _outcome(turn: TurnRequest, work: Awaitable[TurnResult], *, adopting: 
             # An agent reports its own usage: what cannot be counted is not (NaN would poison
             # every read of the record, a negative count every later budget check).
             error, usage = f"{error}; its usage was not counted: {problem}", None
-        return Outcome(error=error, usage=usage, dimension=_dimension(turn, exc))
+        return Outcome(
+            error=error,
+            usage=usage,
+            dimension=_dimension(turn, exc),
+            messages=getattr(exc, "messages", ()),
+        )
     except Exception as exc:
         if adopting and isinstance(exc, NothingToAdoptError):
             logger.info("agent %s: turn %d: %s", turn.agent_id, turn.turn, exc.message)

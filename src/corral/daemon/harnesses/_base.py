@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -78,7 +78,8 @@ class TurnFailedError(CorralError):
     ``usage`` (``{"tokens", "costUsd"}``) is what the failed turn spent, when known.
     ``dimension`` names the budget dimension (``tokens``, ``cost_usd``, ``deadline_s``) the
     turn stopped on, when it stopped because its budget had no room left: the daemon then
-    holds the agent ``budget-exhausted``, whatever its failure policy.
+    holds the agent ``budget-exhausted``, whatever its failure policy. ``messages`` are what
+    the agent said in the turn before it failed, as :attr:`TurnResult.messages`.
     """
 
     code = "turn_failed"
@@ -89,6 +90,7 @@ class TurnFailedError(CorralError):
         *,
         usage: Mapping[str, Any] | None = None,
         dimension: str | None = None,
+        messages: Sequence[Mapping[str, Any]] = (),
         **details: Any,
     ):
         if dimension is not None:
@@ -96,6 +98,7 @@ class TurnFailedError(CorralError):
         super().__init__(message, **details)
         self.usage = dict(usage) if usage else None
         self.dimension = dimension
+        self.messages = tuple(messages)
 
 
 @runtime_checkable

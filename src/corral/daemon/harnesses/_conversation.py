@@ -10,11 +10,14 @@ from typing import Any
 
 from corral.daemon._records import SessionMessage
 from corral.daemon._spec import CompactionSpec
-from corral.kernel import ChatMessage, CompactionStrategy, Role, ToolCall
+from corral.kernel import ChatMessage, CompactionStrategy, MiddlewareStage, Role, ToolCall
 from corral.runtime import (
+    CallNext,
+    ChatResult,
     ExecutionTracker,
     LLMClient,
     LLMSummarization,
+    MiddlewareContext,
     SlidingWindow,
     TokenTruncation,
 )
@@ -123,6 +126,33 @@ async def prior_messages(
         return await shaper.compact(history)
     finally:
         compaction_tracker.reset(paying)
+
+
+class Transcript:
+    """A middleware (CHAT, put first) that keeps the conversation as of the last model call:
+    the request, then the reply when one came. So what a turn said is known when it fails
+    too (a budget that refuses the next call, a model error, a timeout).
+
+    ``start`` is where the turn's own messages begin (after the instructions, the history
+    and the prompt); until it is set, :meth:`said` is empty."""
+
+    stages = frozenset({MiddlewareStage.CHAT})
+
+    def __init__(self) -> None:
+        self.messages: list[ChatMessage] = []
+        self.start: int | None = None
+
+    async def process(self, ctx: MiddlewareContext, call_next: CallNext) -> None:
+        self.messages = list(ctx.messages)
+        await call_next()
+        if isinstance(ctx.result, ChatResult):
+            self.messages.append(ctx.result.message)
+
+    def said(self) -> tuple[dict[str, Any], ...]:
+        """The turn's messages so far, as the session keeps them."""
+        if self.start is None:
+            return ()
+        return turn_messages(self.messages[self.start :])
 
 
 def turn_messages(messages: Sequence[ChatMessage]) -> tuple[dict[str, Any], ...]:

@@ -138,7 +138,8 @@ class OpenAIHarness:
         tracker = ExecutionTracker(budget)
         priced = _PriceWatch()
         price = prices.get(options.model)
-        middleware: list[Middleware] = [priced, WorstCaseBudget(tracker, price)]
+        said = _conversation.Transcript()
+        middleware: list[Middleware] = [said, priced, WorstCaseBudget(tracker, price)]
         if request.check_action is not None:
             middleware.append(ToolGuard(request.check_action))
         timer = TurnTimer(request.timeout_s, request.paused_s)
@@ -158,6 +159,8 @@ class OpenAIHarness:
                 history = await _conversation.prior_messages(
                     request.session, request.spec.compaction, client, tracker
                 )
+                # The turn's own messages follow the instructions, the history and the prompt.
+                said.start = (1 if options.instructions else 0) + len(history) + 1
                 agent = Agent(
                     client,
                     agent_id=request.agent_id,
@@ -170,21 +173,20 @@ class OpenAIHarness:
                 run = await agent.run(request.prompt, tracker=tracker, history=history)
         except TimeoutError as exc:
             if limit is None or not limit.expired():
-                raise _failed(exc, tracker, priced) from exc
+                raise _failed(exc, tracker, priced, said) from exc
             raise TurnFailedError(
                 timer.timeout_message(),
                 usage=_usage(tracker, priced),
+                messages=said.said(),
                 timeout_s=request.timeout_s,
             ) from None
         except Exception as exc:
-            raise _failed(exc, tracker, priced) from exc
-        # The turn's own messages follow the instructions, the history and the prompt.
-        said = run.messages[(1 if options.instructions else 0) + len(history) + 1 :]
+            raise _failed(exc, tracker, priced, said) from exc
         return TurnResult(
             output=run.output or "",
             tokens=run.usage.tokens,
             cost_usd=run.usage.cost_usd if priced.all_priced else None,
-            messages=_conversation.turn_messages(said),
+            messages=said.said(),
         )
 
     async def reap(self, agent_id: str, state_dir: Path) -> bool:
@@ -219,7 +221,12 @@ def _usage(tracker: ExecutionTracker, priced: _PriceWatch) -> dict[str, Any]:
     return {"tokens": spent.tokens, "costUsd": spent.cost_usd if priced.all_priced else None}
 
 
-def _failed(exc: Exception, tracker: ExecutionTracker, priced: _PriceWatch) -> TurnFailedError:
+def _failed(
+    exc: Exception,
+    tracker: ExecutionTracker,
+    priced: _PriceWatch,
+    said: _conversation.Transcript,
+) -> TurnFailedError:
     if isinstance(exc, CorralError):
         dimension = None
         if isinstance(exc, BudgetExhaustedError):
@@ -229,6 +236,7 @@ def _failed(exc: Exception, tracker: ExecutionTracker, priced: _PriceWatch) -> T
         return TurnFailedError(
             exc.message,
             usage=_usage(tracker, priced),
+            messages=said.said(),
             dimension=dimension,
             retryable=exc.retryable,
             cause=exc.code,
@@ -236,5 +244,6 @@ def _failed(exc: Exception, tracker: ExecutionTracker, priced: _PriceWatch) -> T
     return TurnFailedError(
         f"the agent loop raised {type(exc).__name__}: {exc}",
         usage=_usage(tracker, priced),
+        messages=said.said(),
         cause=type(exc).__name__,
     )
