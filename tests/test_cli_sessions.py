@@ -21,7 +21,9 @@ async def test_session_shows_the_turns_as_a_table_or_json(
     daemon.harness.script("w", fail(HOSTILE), "done it")
     agent = await spawn(daemon, tmp_path, prompt="count the users", onFailure="ask")
     await settle(lambda: daemon.state(agent) == "blocked")
-    ok(await corral("--url", daemon.url, "prompt", agent, "use users_v2"))
+    # Through the API: the daemon's log line of this prompt may go to a stream an earlier
+    # CLI test left closed, which a command run meanwhile would show on its stderr.
+    await daemon.api.prompt(agent, "use users_v2")
     await settle(lambda: daemon.state(agent) == "idle")
 
     table = ok(await corral("--url", daemon.url, "session", agent))
