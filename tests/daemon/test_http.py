@@ -682,6 +682,7 @@ async def test_openapi_lists_the_paths_and_describes_the_bodies(front: FrontDoor
         "/agents/{agent_id}/prompt",
         "/agents/{agent_id}/stop",
         "/agents/{agent_id}/inbox",
+        "/agents/{agent_id}/session",
         "/agents/{agent_id}/actions",
         "/runs/{run_id}",
         "/runs/{run_id}/stop",

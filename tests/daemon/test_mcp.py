@@ -40,6 +40,7 @@ TOOL_NAMES = [
     "agent_status",
     "agent_list",
     "inbox_read",
+    "session_get",
     "decisions_list",
     "decision_answer",
     "action_check",

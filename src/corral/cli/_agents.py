@@ -1,4 +1,5 @@
-"""Commands on agents: spawn, list, show, prompt, stop, budget, and an agent's inbox."""
+"""Commands on agents: spawn, list, show, prompt, stop, budget, an agent's inbox and its
+session."""
 
 import json
 import sys
@@ -175,6 +176,31 @@ def inbox(ctx: typer.Context, agent_id: AgentArg, as_json: JsonOpt = False) -> N
         table.add_row(
             cell(n.get("id")), who, cell(n.get("kind")), cell(n.get("state")), cell(detail)
         )
+    stdout().print(table)
+
+
+SESSION_TEXT = 300  # characters of a message shown in the table (--json shows all)
+
+
+def session(ctx: typer.Context, agent_id: AgentArg, as_json: JsonOpt = False) -> None:
+    """An agent's session: the conversation of its turns, oldest first."""
+    found = call(target(ctx), lambda api: api.session(agent_id))
+    if as_json:
+        print_json(found)
+        return
+    messages = found.get("messages") or []
+    title = f"session of {cell(agent_id)} (history {cell(found.get('history'))})"
+    table = Table("turn", "role", "content", "at", title=title)
+    for m in messages:
+        content = str(m.get("content") or "")
+        for tool in m.get("toolCalls") or ():
+            content += f" -> {tool.get('name')}({tool.get('arguments')})"
+        if len(content) > SESSION_TEXT:
+            content = content[:SESSION_TEXT] + f"... ({len(content)} characters)"
+        role = str(m.get("role"))
+        if m.get("name"):
+            role += f" {m['name']}"
+        table.add_row(cell(m.get("turn")), cell(role), cell(content), cell(m.get("at")))
     stdout().print(table)
 
 

@@ -55,6 +55,7 @@ def build_app() -> "typer.Typer":
         _runs.run,
         _events.events,
         _agents.inbox,
+        _agents.session,
         _decisions.decisions,
         _decisions.decide,
         _decisions.approve,

@@ -80,6 +80,10 @@ class AgentApi(Protocol):
 
     async def inbox(self, agent_id: str) -> list[Json]: ...
 
+    async def session(self, agent_id: str) -> Json:
+        """The agent's session: ``{"agentId", "history", "messages"}``."""
+        ...
+
     async def decisions(self, resolved: bool = False) -> list[Json]: ...
 
     async def decision(self, decision_id: str) -> Json: ...
@@ -325,6 +329,10 @@ class ScopedService:
     def inbox(self, agent_id: str) -> list[Json]:
         self.check(agent_id)
         return self.service.inbox(agent_id)
+
+    def session(self, agent_id: str) -> Json:
+        self.check(agent_id)
+        return self.service.session(agent_id)
 
     def decisions(self, *, resolved: bool = False) -> list[Json]:
         """Everything waiting on a person (approvals, held agents, agents frozen in a
@@ -689,6 +697,10 @@ class LocalApi:
     async def inbox(self, agent_id: str) -> list[Json]:
         v.non_empty_str("inbox", "agent_id", agent_id)
         return self._scope.inbox(agent_id)
+
+    async def session(self, agent_id: str) -> Json:
+        v.non_empty_str("session", "agent_id", agent_id)
+        return self._scope.session(agent_id)
 
     async def decisions(self, resolved: bool = False) -> list[Json]:
         return self._scope.decisions(resolved=resolved)

@@ -301,6 +301,10 @@ class HttpApi:
         v.non_empty_str("inbox", "agent_id", agent_id)
         return _items(await self._call("GET", f"/agents/{_seg(agent_id)}/inbox"), "notices")
 
+    async def session(self, agent_id: str) -> Json:
+        v.non_empty_str("session", "agent_id", agent_id)
+        return dict(await self._call("GET", f"/agents/{_seg(agent_id)}/session"))
+
     async def decisions(self, resolved: bool = False) -> list[Json]:
         params = {"resolved": "true"} if resolved else None
         return _items(await self._call("GET", "/decisions", params=params), "decisions")

@@ -165,11 +165,19 @@ def drop_pending(state: State, agent_id: str) -> list[NewEvent]:
 
 
 def turn_succeeded(
-    state: State, rec: AgentRecord, spec: AgentSpec, turn: int, output: str, usage: TurnUsage
+    state: State,
+    rec: AgentRecord,
+    spec: AgentSpec,
+    turn: int,
+    output: str,
+    usage: TurnUsage,
+    *,
+    messages: Sequence[Mapping[str, Any]] = (),
 ) -> list[NewEvent]:
-    """The turn's output is kept, the agent goes idle, and its parent hears if it asked to."""
+    """The turn's output (and ``messages``, what its harness said in it) is kept, the agent
+    goes idle, and its parent hears if it asked to."""
     return [
-        ev.turn_completed(rec["id"], turn, output, usage),
+        ev.turn_completed(rec["id"], turn, output, usage, messages),
         ev.turn_done(rec["id"]),
         *_notices.on_turn(state, rec, spec, "done", output=output),
     ]
@@ -186,6 +194,7 @@ def turn_failed(
     *,
     before: list[NewEvent],
     dimension: str | None = None,
+    messages: Sequence[Mapping[str, Any]] = (),
 ) -> tuple[list[NewEvent], int | None]:
     """The failed turn and what the policy makes of it, after the events ``before``: the
     events to commit, and the number of the retry to start (None when there is none).
@@ -194,7 +203,7 @@ def turn_failed(
     ``budget-exhausted``, whatever the policy: only a bigger budget can help it."""
     agent_id = rec["id"]
     failures = rec["consecutiveFailures"] + 1
-    events = [*before, ev.turn_failed(agent_id, turn, error, failures, usage)]
+    events = [*before, ev.turn_failed(agent_id, turn, error, failures, usage, messages)]
     # The policy and the budget judge the agent as the failed turn leaves it.
     after_tx = preview(state, events, now.isoformat())
     after = after_tx.get_agent(agent_id)
@@ -208,7 +217,10 @@ def turn_failed(
             return events + budget_hold(state, after, why), None
         assert rec["lastPrompt"] is not None
         retry = turn + 1
-        events.append(ev.turn_started(agent_id, retry, rec["lastPrompt"], retry=True, notices=[]))
+        text = _notices.resend_text(state, rec)
+        events.append(
+            ev.turn_started(agent_id, retry, rec["lastPrompt"], retry=True, notices=[], text=text)
+        )
         return events, retry
     if decision.action == "hold":
         assert decision.reason is not None

@@ -35,6 +35,8 @@ GATEWAY_FROZEN = "gateway.agent_frozen"
 # Named operator tokens (only a hash of each secret is kept)
 TOKEN_CREATED = "token.created"
 TOKEN_REVOKED = "token.revoked"
+# Sessions (see _sessions): a run's sessions deleted as their history policy says
+SESSIONS_CLEARED = "sessions.cleared"
 
 EVENT_TYPES = frozenset(
     {
@@ -57,6 +59,7 @@ EVENT_TYPES = frozenset(
         GATEWAY_FROZEN,
         TOKEN_CREATED,
         TOKEN_REVOKED,
+        SESSIONS_CLEARED,
     }
 )
 
@@ -94,12 +97,15 @@ class Event:
 
 
 class TurnStartedData(TypedDict):
+    """``text``: what the agent got, the notices in front of ``prompt``, when it had any."""
+
     turn: int
     prompt: str
     retry: bool
     notices: list[int]
     restart: NotRequired[bool]  # a stalled turn started again (see _stall)
     woken: NotRequired[bool]  # the daemon started it for notices (a ``wake`` agent)
+    text: NotRequired[str]
 
 
 class TurnEndedData(TypedDict, total=False):
@@ -111,6 +117,7 @@ class TurnEndedData(TypedDict, total=False):
     error: str
     consecutiveFailures: int
     usage: TurnUsage | None
+    messages: list[dict[str, Any]]  # what the harness said in the turn (_sessions.turn_messages)
 
 
 class StateChangedData(TypedDict, total=False):
@@ -181,10 +188,13 @@ def turn_started(
     notices: Sequence[int],
     restart: bool = False,
     woken: bool = False,
+    text: str | None = None,
 ) -> NewEvent:
     """Turn ``turn`` starts: a retry of the failure policy (``retry``), the restart of a
     stalled turn (``restart``: the same prompt and notices, counted as neither), a turn the
-    daemon started for notices (``woken``), or a new prompt with ``notices`` in front of it."""
+    daemon started for notices (``woken``), or a new prompt with ``notices`` in front of it.
+    ``text`` is what the agent gets when it is not the prompt alone (notices in front of
+    it): the agent's session keeps that."""
     data: dict[str, Any] = {
         "turn": turn,
         "prompt": prompt,
@@ -195,22 +205,44 @@ def turn_started(
         data["restart"] = True
     if woken:
         data["woken"] = True
+    if text is not None and text != prompt:
+        data["text"] = text
     return NewEvent(TURN_STARTED, agent_id, data)
 
 
-def turn_completed(agent_id: str, turn: int, output: str, usage: TurnUsage) -> NewEvent:
-    return NewEvent(TURN_COMPLETED, agent_id, {"turn": turn, "output": output, "usage": usage})
+def turn_completed(
+    agent_id: str,
+    turn: int,
+    output: str,
+    usage: TurnUsage,
+    messages: Sequence[Mapping[str, Any]] = (),
+) -> NewEvent:
+    """The turn succeeded; ``messages`` are what its harness said in it (checked and
+    bounded by ``_sessions.turn_messages``), kept in the agent's session."""
+    data: dict[str, Any] = {"turn": turn, "output": output, "usage": usage}
+    if messages:
+        data["messages"] = [dict(m) for m in messages]
+    return NewEvent(TURN_COMPLETED, agent_id, data)
 
 
 def turn_failed(
-    agent_id: str, turn: int, error: str, failures: int, usage: Mapping[str, Any] | None
+    agent_id: str,
+    turn: int,
+    error: str,
+    failures: int,
+    usage: Mapping[str, Any] | None,
+    messages: Sequence[Mapping[str, Any]] = (),
 ) -> NewEvent:
-    data = {
+    """The turn failed; ``messages`` are what its harness said in it before (as for
+    :func:`turn_completed`)."""
+    data: dict[str, Any] = {
         "turn": turn,
         "error": error,
         "consecutiveFailures": failures,
         "usage": dict(usage) if usage else None,
     }
+    if messages:
+        data["messages"] = [dict(m) for m in messages]
     return NewEvent(TURN_FAILED, agent_id, data)
 
 
@@ -483,6 +515,13 @@ class TokenRevokedData(TypedDict):
 
     name: str
     by: str | None
+
+
+def sessions_cleared(run_id: str, agent_ids: Sequence[str], reason: str) -> NewEvent:
+    """The sessions of ``agent_ids``, agents of run ``run_id``, are deleted (``reason``:
+    ``run ended``). An event of the run, not of one agent: it names no agent."""
+    data = {"runId": run_id, "agents": list(agent_ids), "reason": reason}
+    return NewEvent(SESSIONS_CLEARED, None, data)
 
 
 def token_created(name: str, sha256: str, by: str | None) -> NewEvent:

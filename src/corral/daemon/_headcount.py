@@ -329,13 +329,17 @@ def resume_events(
         return _decisions.budget_hold(state, rec, why), None
     turn = rec["turns"] + 1
     if resume_to == "retry":
-        started = ev.turn_started(agent_id, turn, rec["lastPrompt"], retry=True, notices=[])
         prompt = _notices.resend_text(state, rec)
+        started = ev.turn_started(
+            agent_id, turn, rec["lastPrompt"], retry=True, notices=[], text=prompt
+        )
     else:
         # The cancelled turn again, with the notices it carried and those queued since.
         carried = [state.notices[i] for i in rec.get("lastNotices", []) if i in state.notices]
         notices = carried + _notices.pending(state, agent_id)
         ids = [n["id"] for n in notices]
-        started = ev.turn_started(agent_id, turn, rec["lastPrompt"], retry=False, notices=ids)
         prompt = _notices.with_notices(rec["lastPrompt"], notices)
+        started = ev.turn_started(
+            agent_id, turn, rec["lastPrompt"], retry=False, notices=ids, text=prompt
+        )
     return [ev.unpaused(agent_id, "running"), started], (turn, prompt)

@@ -147,3 +147,32 @@ class TokenRecord(TypedDict):
     createdAt: str
     revokedAt: str | None
     revokedBy: str | None
+
+
+class SessionToolCall(TypedDict):
+    """A tool call of an assistant message: ``arguments`` is the JSON text the model sent."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+class SessionMessage(TypedDict):
+    """One message of an agent's session (see ``corral.daemon._sessions``).
+
+    ``role``: ``user`` (a turn's prompt, the notices that went in front of it included),
+    ``assistant`` (a turn's output; for ``openai`` agents also each model reply, with its
+    ``toolCalls``), ``tool`` (a tool's result: ``toolCallId``, ``name``) or ``error`` (why a
+    turn failed). ``turn`` is the agent's turn it belongs to, ``at`` when it was recorded,
+    ``n`` its number in the agent's session (from 1, never reused while the session lasts;
+    every message of a session has one).
+    """
+
+    role: str
+    turn: int
+    content: str
+    at: str
+    n: NotRequired[int]
+    toolCalls: NotRequired[list[SessionToolCall]]
+    toolCallId: NotRequired[str]
+    name: NotRequired[str]

@@ -31,7 +31,9 @@ from corral.daemon import (
     _headcount,
     _notices,
     _queries,
+    _retention,
     _runs,
+    _sessions,
     _slots,
     _stall,
     _tokens,
@@ -348,6 +350,17 @@ class AgentService:
             return {**rec, "queued": True}
         return dict(rec)
 
+    def session(self, agent_id: str) -> Json:
+        """The agent's session: ``{"agentId", "history", "messages"}``, oldest first (see
+        ``_sessions``)."""
+        rec = self._record(agent_id)
+        messages = self.store.state.sessions.get(agent_id, [])
+        return {
+            "agentId": agent_id,
+            "history": _sessions.history_of(rec),
+            "messages": [dict(m) for m in messages],
+        }
+
     def in_scope(self, principal: str, agent_id: str) -> bool:
         """Whether ``agent_id`` is ``principal`` or one of its descendants (an unknown id is
         in no one's scope)."""
@@ -500,16 +513,22 @@ class AgentService:
             pending = _notices.pending(self.store.state, agent_id)
             turn = rec["turns"] + 1
             events.append(ev.prompted(agent_id, rec["state"]))
+            text = _notices.with_notices(prompt, pending)
             events.append(
                 ev.turn_started(
-                    agent_id, turn, prompt, retry=False, notices=[n["id"] for n in pending]
+                    agent_id,
+                    turn,
+                    prompt,
+                    retry=False,
+                    notices=[n["id"] for n in pending],
+                    text=text,
                 )
             )
             result = CommandResult(202, {"id": agent_id, "accepted": "prompt"})
             if answering is not None:
                 result = CommandResult(200, answering.body(agent_id))
             await self._commit(events, idempotency_key, command, result)
-            self._launch(agent_id, turn, _notices.with_notices(prompt, pending))
+            self._launch(agent_id, turn, text)
             return result
 
     async def stop(
@@ -1170,6 +1189,7 @@ class AgentService:
             lookup=self.store.state.agents.get,
             heartbeat=beat,
             extra_tools=() if self._agent_tools is None else self._agent_tools(agent_id, spec),
+            session=_sessions.before(self.store.state.sessions.get(agent_id), turn),
         )
         try:
             outcome = await _turns.run(self.harnesses[spec.harness], turn_request)
@@ -1192,6 +1212,7 @@ class AgentService:
             check_action=self._harness_check,
             paused_s=self.pauses(agent_id).paused_s,
             lookup=self.store.state.agents.get,
+            session=_sessions.before(self.store.state.sessions.get(agent_id), turn),
         )
         logger.info("agent %s: adopting turn %d, left waiting on a person", agent_id, turn)
         outcome = await _turns.adopt(harness, turn_request)
@@ -1220,7 +1241,13 @@ class AgentService:
                         return
                     assert outcome.error is not None
                     await self._after_turn_failure(
-                        rec, turn, outcome.error, outcome.usage, [], dimension=outcome.dimension
+                        rec,
+                        turn,
+                        outcome.error,
+                        outcome.usage,
+                        [],
+                        dimension=outcome.dimension,
+                        messages=_sessions.turn_messages(outcome.messages),
                     )
                     return
             except StoreUnavailableError as exc:
@@ -1318,7 +1345,10 @@ class AgentService:
         spec = self._spec(rec["id"])
         state = self.store.state
         events = self._withdraw(rec["id"], f"turn {turn} ended", turn=turn)
-        events += _decisions.turn_succeeded(state, rec, spec, turn, result.output, usage)
+        messages = _sessions.turn_messages(result.messages)
+        events += _decisions.turn_succeeded(
+            state, rec, spec, turn, result.output, usage, messages=messages
+        )
         events, _ = _headcount.while_paused(rec, events, None)
         await self._commit(events)
         self._release_if_ended(rec["id"])
@@ -1332,10 +1362,11 @@ class AgentService:
         before: list[NewEvent],
         *,
         dimension: str | None = None,
+        messages: Sequence[Mapping[str, Any]] = (),
     ) -> None:
-        """Write the failed turn (after ``before``) and what the policy makes of it (a turn
-        that stopped on budget ``dimension`` holds the agent); start a retry if it says so.
-        Call with the mutex held."""
+        """Write the failed turn (after ``before``; with ``messages``, what the agent said
+        in it) and what the policy makes of it (a turn that stopped on budget ``dimension``
+        holds the agent); start a retry if it says so. Call with the mutex held."""
         spec = self._spec(rec["id"])
         before = [*self._withdraw(rec["id"], f"turn {turn} ended", turn=turn), *before]
         events, retry = _decisions.turn_failed(
@@ -1348,6 +1379,7 @@ class AgentService:
             self.clock.now(),
             before=before,
             dimension=dimension,
+            messages=messages,
         )
         events, retry = _headcount.while_paused(rec, events, retry)
         await self._commit(events)
@@ -1363,6 +1395,8 @@ class AgentService:
         result: CommandResult | None = None,
     ) -> list[Event]:
         events = list(events)
+        # Sessions a run's end deletes are deleted in the same commit (see _retention).
+        events += _retention.on_commit(self.store.state, events, self.clock.now().isoformat())
         if key is not None and command is not None and result is not None:
             events.append(_commands.recorded(key, command, result))
         written = await self.store.append(events)

@@ -239,6 +239,42 @@ class OpenAISpec(_Model):
         return self
 
 
+class CompactionSpec(_Model):
+    """How an ``openai`` agent's session is shaped before it goes to the model (the
+    runtime's strategies, ``corral.runtime``).
+
+    ``window`` keeps the newest ``maxMessages`` messages (whole tool-call turns);
+    ``truncate`` keeps the newest messages that fit ``maxTokens`` (estimated: a token per
+    four characters); ``summarize`` has the model summarise all but the newest ``keepLast``
+    messages once there are more than ``triggerMessages``, paid from the agent's budget.
+    Fields of another strategy are refused.
+    """
+
+    strategy: Literal["window", "truncate", "summarize"]
+    max_messages: int | None = Field(default=None, ge=1, strict=True)
+    max_tokens: int | None = Field(default=None, ge=1, strict=True)
+    keep_last: int | None = Field(default=None, ge=0, strict=True)
+    trigger_messages: int | None = Field(default=None, ge=1, strict=True)
+    instructions: str | None = Field(default=None, min_length=1, max_length=4096)
+
+    def problems(self) -> list[tuple[str, str]]:
+        """(field, message) for fields the strategy does not take, or that disagree."""
+        takes = {
+            "window": {"max_messages"},
+            "truncate": {"max_tokens"},
+            "summarize": {"keep_last", "trigger_messages", "instructions"},
+        }[self.strategy]
+        found = [
+            (to_camel(name), f"not an option of strategy {self.strategy!r}")
+            for name in sorted(self.model_fields_set - takes - {"strategy"})
+        ]
+        keep = 6 if self.keep_last is None else self.keep_last
+        trigger = 20 if self.trigger_messages is None else self.trigger_messages
+        if self.strategy == "summarize" and keep >= trigger:
+            found.append(("keepLast", f"must be below triggerMessages ({trigger}), got {keep}"))
+        return found
+
+
 class AgentSpec(_Model):
     """One agent, as given to ``POST /agents``.
 
@@ -287,6 +323,12 @@ class AgentSpec(_Model):
     # in a row within a minute, then it is held for a person (``wake-limit``).
     wake: bool = Field(default=False, strict=True)
     max_wakes_per_minute: int = Field(default=20, ge=1, le=10_000, strict=True)
+    # Sessions (see corral.daemon._sessions):
+    history: Literal["none", "run", "permanent"] = "run"
+    """What the agent's session keeps between turns: nothing, until its run ends, or as
+    long as the agent's record."""
+    compaction: CompactionSpec | None = None
+    """How an ``openai`` agent's session is shaped for the model (None: all of it)."""
 
     def cross_field_problems(self) -> list[dict[str, Any]]:
         """Problems that need more than one field to see."""
@@ -338,6 +380,11 @@ class AgentSpec(_Model):
         for i, kind in enumerate(self.may_answer):
             if kind in self.may_answer[:i]:
                 bad(f"mayAnswer[{i}]", f"{kind!r} is listed twice")
+        if self.compaction is not None:
+            if self.harness != "openai":
+                bad("compaction", f"only for harness 'openai', not {self.harness!r}")
+            for name, message in self.compaction.problems():
+                bad(f"compaction.{name}", message)
         return problems
 
     def text_problems(self) -> list[dict[str, Any]]:

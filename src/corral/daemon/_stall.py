@@ -311,7 +311,11 @@ def recover(
         return Recovery(events + _decisions.budget_hold(state, after, why), action)
     assert rec["lastPrompt"] is not None  # a turn in flight has its prompt
     restart = turn + 1
+    # The session keeps what the agent is sent again: the prompt with the notices it carried.
+    text = _notices.resend_text(state, rec)
     events.append(
-        ev.turn_started(agent_id, restart, rec["lastPrompt"], retry=False, notices=[], restart=True)
+        ev.turn_started(
+            agent_id, restart, rec["lastPrompt"], retry=False, notices=[], restart=True, text=text
+        )
     )
     return Recovery(events, action, restart)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from corral.daemon import _events as ev
+from corral.daemon import _sessions
 from corral.daemon._events import (
     BudgetChangedData,
     CommandData,
@@ -31,6 +32,7 @@ from corral.daemon._records import (
     CommandRecord,
     DecisionRecord,
     Notice,
+    SessionMessage,
     TokenRecord,
     TurnUsage,
     Usage,
@@ -41,7 +43,7 @@ PAUSED = "paused"  # preempted at its run's headcount cap (see _headcount); hold
 ENDED_STATES = frozenset({"failed", "stopped"})
 BUSY_STATES = frozenset({"running", "waiting"})  # a turn is in flight
 
-PROJECTIONS_VERSION = 3
+PROJECTIONS_VERSION = 4
 """Bumped whenever the reducer builds the projections differently: a store whose stored
 projections carry another version rebuilds them from the log when it opens."""
 
@@ -64,6 +66,8 @@ class State:
     decisions: dict[str, DecisionRecord] = field(default_factory=dict)
     commands: dict[str, CommandRecord] = field(default_factory=dict)
     tokens: dict[str, TokenRecord] = field(default_factory=dict)
+    # Each agent's session (see _sessions); an agent with none has no key.
+    sessions: dict[str, list[SessionMessage]] = field(default_factory=dict)
     last_seq: int = 0
 
     def snapshot(self) -> dict[str, Any]:
@@ -74,6 +78,7 @@ class State:
             "decisions": self.decisions,
             "commands": self.commands,
             "tokens": self.tokens,
+            "sessions": self.sessions,
             "last_seq": self.last_seq,
         }
         loaded: dict[str, Any] = json.loads(json.dumps(data, sort_keys=True))
@@ -98,6 +103,8 @@ class Tx:
         self.decisions: dict[str, DecisionRecord] = {}
         self.commands: dict[str, CommandRecord] = {}
         self.tokens: dict[str, TokenRecord] = {}
+        # The sessions changed: a new list, or None for one cleared (its row is deleted).
+        self.sessions: dict[str, list[SessionMessage] | None] = {}
         self.last_seq = state.last_seq
 
     def agent(self, agent_id: str) -> AgentRecord:
@@ -120,6 +127,12 @@ class Tx:
             rec = self.state.notices[notice_id].copy()
             self.notices[notice_id] = rec
         return rec
+
+    def session(self, agent_id: str) -> list[SessionMessage]:
+        """The agent's session as of this transaction (read-only: replace, never mutate)."""
+        if agent_id in self.sessions:
+            return self.sessions[agent_id] or []
+        return self.state.sessions.get(agent_id, [])
 
     def decision(self, decision_id: str) -> DecisionRecord | None:
         """A writable copy of the decision's record, or None when there is none."""
@@ -148,6 +161,11 @@ class Tx:
         self.state.decisions.update(self.decisions)
         self.state.commands.update(self.commands)
         self.state.tokens.update(self.tokens)
+        for agent_id, session in self.sessions.items():
+            if session is None:
+                self.state.sessions.pop(agent_id, None)
+            else:
+                self.state.sessions[agent_id] = session
         self.state.last_seq = self.last_seq
 
 
@@ -211,6 +229,17 @@ def _turn_started(tx: Tx, event: Event) -> None:
         notice = tx.notice(notice_id)
         notice["state"] = "delivered"
         notice["deliveredAt"] = event.ts
+    # What the agent got: the prompt with its notices in front (``text``), when it had any.
+    text = data.get("text") or data["prompt"]
+    _add_to_session(tx, rec, [_sessions.message("user", data["turn"], text, event.ts)])
+
+
+def _add_to_session(tx: Tx, rec: AgentRecord, messages: list[SessionMessage]) -> None:
+    """Append ``messages`` to the agent's session, within its bounds (nothing is kept for
+    an agent whose ``history`` is ``none``)."""
+    if _sessions.history_of(rec) == "none":
+        return
+    tx.sessions[rec["id"]] = _sessions.appended(tx.session(rec["id"]), messages)
 
 
 def _add_usage(rec: AgentRecord, usage: TurnUsage | None) -> None:
@@ -255,6 +284,12 @@ def _turn_completed(tx: Tx, event: Event) -> None:
     _add_tree_usage(tx, rec, data.get("usage"))
     _add_usage(rec, data.get("usage"))
     rec["updatedAt"] = event.ts
+    turn, reported = data.get("turn", rec["turns"]), data.get("messages")
+    if reported:
+        said = _sessions.stamped(reported, turn, event.ts)
+    else:
+        said = [_sessions.message("assistant", turn, data.get("output") or "", event.ts)]
+    _add_to_session(tx, rec, said)
 
 
 def _turn_failed(tx: Tx, event: Event) -> None:
@@ -266,6 +301,9 @@ def _turn_failed(tx: Tx, event: Event) -> None:
     _add_tree_usage(tx, rec, data.get("usage"))
     _add_usage(rec, data.get("usage"))
     rec["updatedAt"] = event.ts
+    turn = data.get("turn", rec["turns"])
+    said = _sessions.stamped(data.get("messages") or [], turn, event.ts)
+    _add_to_session(tx, rec, [*said, _sessions.message("error", turn, data["error"], event.ts)])
 
 
 def _turn_interrupted(tx: Tx, event: Event) -> None:
@@ -443,6 +481,12 @@ def _command(tx: Tx, event: Event) -> None:
     }
 
 
+def _sessions_cleared(tx: Tx, event: Event) -> None:
+    """The sessions of a run's agents are deleted (their policy says so: see _retention)."""
+    for agent_id in event.data["agents"]:
+        tx.sessions[agent_id] = None
+
+
 def _token_created(tx: Tx, event: Event) -> None:
     data = cast(TokenCreatedData, event.data)
     tx.tokens[data["name"]] = {
@@ -483,5 +527,6 @@ _HANDLERS: dict[str, Callable[[Tx, Event], None]] = {
     ev.GATEWAY_FROZEN: _no_projection,
     ev.TOKEN_CREATED: _token_created,
     ev.TOKEN_REVOKED: _token_revoked,
+    ev.SESSIONS_CLEARED: _sessions_cleared,
 }
 assert set(_HANDLERS) == ev.EVENT_TYPES

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -12,7 +12,7 @@ from typing import Any
 
 from corral.daemon import _budget, _tree_budget
 from corral.daemon._auth import agent_token
-from corral.daemon._records import AgentRecord
+from corral.daemon._records import AgentRecord, SessionMessage
 from corral.daemon._spec import AgentSpec
 from corral.daemon._text import escape, escape_json
 from corral.daemon.harnesses import (
@@ -59,12 +59,13 @@ def request(
     lookup: _tree_budget.Lookup | None = None,
     heartbeat: Callable[[], None] | None = None,
     extra_tools: Sequence[ExtraTool] = (),
+    session: Sequence[SessionMessage] = (),
 ) -> TurnRequest:
     """Turn ``turn`` of the agent, with what is left of its budget at ``now`` (and of each
     ancestor's, found with ``lookup``: the tightest of them), the action check its harness
     asks before each tool call, how long it has waited on people, what its harness calls on
-    each sign of life (``heartbeat``, see ``_stall``), and the tools the daemon adds to its
-    spec's (``extra_tools``)."""
+    each sign of life (``heartbeat``, see ``_stall``), the tools the daemon adds to its
+    spec's (``extra_tools``), and its ``session`` before this turn."""
     own = _budget.in_force(rec, spec).to_budget()
     remaining = _tree_budget.remaining(rec, own, lookup or _no_agent, now)
     timeout_s = spec.turn_timeout_s
@@ -87,6 +88,7 @@ def request(
         paused_s=paused_s,
         heartbeat=heartbeat,
         extra_tools=tuple(extra_tools),
+        session=tuple(session),
     )
 
 
@@ -107,14 +109,16 @@ def state_dir(home: Path, agent_id: str) -> Path:
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What a turn came to: a ``result``, or an ``error`` with what it spent (``usage``) and,
-    when it stopped on its budget, the budget ``dimension``; or, for a turn taken up after a
-    restart, ``interrupted``: nothing of it was left to adopt."""
+    when it stopped on its budget, the budget ``dimension``, and what it said before it
+    failed (``messages``); or, for a turn taken up after a restart, ``interrupted``: nothing
+    of it was left to adopt."""
 
     result: TurnResult | None = None
     error: str | None = None
     usage: dict[str, Any] | None = None
     dimension: str | None = None
     interrupted: bool = False
+    messages: tuple[Mapping[str, Any], ...] = ()
 
 
 async def run(harness: Harness, turn: TurnRequest) -> Outcome:
@@ -147,7 +151,12 @@ async def _outcome(turn: TurnRequest, work: Awaitable[TurnResult], *, adopting: 
             # An agent reports its own usage: what cannot be counted is not (NaN would poison
             # every read of the record, a negative count every later budget check).
             error, usage = f"{error}; its usage was not counted: {problem}", None
-        return Outcome(error=error, usage=usage, dimension=_dimension(turn, exc))
+        return Outcome(
+            error=error,
+            usage=usage,
+            dimension=_dimension(turn, exc),
+            messages=getattr(exc, "messages", ()),
+        )
     except Exception as exc:
         if adopting and isinstance(exc, NothingToAdoptError):
             logger.info("agent %s: turn %d: %s", turn.agent_id, turn.turn, exc.message)

@@ -133,8 +133,9 @@ def plan(
     counter.count(agent_id)
     turn = rec["turns"] + 1
     ids = [n["id"] for n in pending]
+    text = _notices.with_notices(WAKE_TEXT, pending)
     events = [
         ev.woken(agent_id),
-        ev.turn_started(agent_id, turn, WAKE_TEXT, retry=False, notices=ids, woken=True),
+        ev.turn_started(agent_id, turn, WAKE_TEXT, retry=False, notices=ids, woken=True, text=text),
     ]
-    return Wake(events, turn, _notices.with_notices(WAKE_TEXT, pending))
+    return Wake(events, turn, text)

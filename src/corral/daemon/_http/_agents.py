@@ -182,6 +182,10 @@ async def inbox(agent_id: str, request: Request) -> JSONResponse:
     return JSONResponse({"agentId": agent_id, "notices": api_of(request).inbox(agent_id)})
 
 
+async def session(agent_id: str, request: Request) -> JSONResponse:
+    return JSONResponse(api_of(request).session(agent_id))
+
+
 async def events(
     request: Request,
     after: Annotated[int | None, Query(ge=0, description="Only events with a greater seq")] = None,
@@ -302,6 +306,13 @@ ROUTES = [
         "/agents/{agent_id}/inbox",
         inbox,
         "Notices to an agent",
+        responses=errors(401, 403, 404),
+    ),
+    ApiRoute(
+        "GET",
+        "/agents/{agent_id}/session",
+        session,
+        "An agent's session: the conversation of its turns, oldest first",
         responses=errors(401, 403, 404),
     ),
     ApiRoute(

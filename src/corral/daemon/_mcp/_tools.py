@@ -276,6 +276,10 @@ async def _inbox(api: AgentApi, a: AgentArgs) -> dict[str, Any]:
     return {"notices": await api.inbox(a.agent_id)}
 
 
+async def _session(api: AgentApi, a: AgentArgs) -> dict[str, Any]:
+    return await api.session(a.agent_id)
+
+
 async def _decisions(api: AgentApi, a: DecisionsArgs) -> dict[str, Any]:
     return {"decisions": await api.decisions(resolved=a.resolved)}
 
@@ -391,6 +395,18 @@ TOOLS: tuple[Tool, ...] = (
         'blocked), pending or delivered, as {"notices": [...]}.',
         AgentArgs,
         _inbox,
+        read_only=True,
+        idempotent=True,
+    ),
+    Tool(
+        "session_get",
+        "Read a session",
+        "An agent's session, the conversation of its turns, oldest first, as "
+        '{"agentId", "history", "messages": [{"role", "turn", "content", "at", ...}]}: '
+        "each turn's prompt (user), its output or the model's replies and tool calls "
+        "(assistant, tool), or why it failed (error).",
+        AgentArgs,
+        _session,
         read_only=True,
         idempotent=True,
     ),

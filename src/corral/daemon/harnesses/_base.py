@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from corral.daemon._records import SessionMessage
 from corral.daemon._spec import AgentSpec
 from corral.kernel import ActionCheck, CorralError, ExecutionBudget
 
@@ -62,6 +63,11 @@ class TurnRequest:
     call and tool call. It is cheap and never raises.
 
     ``extra_tools`` are tools the daemon adds for this agent (see :class:`ExtraTool`).
+
+    ``session`` is the agent's conversation before this turn, oldest first (empty when its
+    ``history`` is ``none``; see ``corral.daemon._sessions``): the ``command`` harness writes
+    it to ``CORRAL_SESSION_FILE``, the ``python`` harness puts it in its context, the
+    ``openai`` harness sends it to the model before ``prompt``.
     """
 
     agent_id: str
@@ -77,15 +83,23 @@ class TurnRequest:
     paused_s: Callable[[], float] | None = None
     heartbeat: Callable[[], None] | None = None
     extra_tools: tuple[ExtraTool, ...] = ()
+    session: tuple[SessionMessage, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TurnResult:
-    """A successful turn: its output and what it spent (``cost_usd`` None when unknown)."""
+    """A successful turn: its output and what it spent (``cost_usd`` None when unknown).
+
+    ``messages`` are what the agent said in the turn, for its session, when it said more
+    than its output (the ``openai`` harness: each model reply with its ``toolCalls``, each
+    tool result, the final answer; see :class:`SessionMessage` for the keys); empty, the
+    session keeps ``output`` as the turn's answer.
+    """
 
     output: str
     tokens: int = 0
     cost_usd: float | None = 0.0
+    messages: tuple[Mapping[str, Any], ...] = ()
 
 
 class TurnFailedError(CorralError):
@@ -94,7 +108,8 @@ class TurnFailedError(CorralError):
     ``usage`` (``{"tokens", "costUsd"}``) is what the failed turn spent, when known.
     ``dimension`` names the budget dimension (``tokens``, ``cost_usd``, ``deadline_s``) the
     turn stopped on, when it stopped because its budget had no room left: the daemon then
-    holds the agent ``budget-exhausted``, whatever its failure policy.
+    holds the agent ``budget-exhausted``, whatever its failure policy. ``messages`` are what
+    the agent said in the turn before it failed, as :attr:`TurnResult.messages`.
     """
 
     code = "turn_failed"
@@ -105,6 +120,7 @@ class TurnFailedError(CorralError):
         *,
         usage: Mapping[str, Any] | None = None,
         dimension: str | None = None,
+        messages: Sequence[Mapping[str, Any]] = (),
         **details: Any,
     ):
         if dimension is not None:
@@ -112,6 +128,7 @@ class TurnFailedError(CorralError):
         super().__init__(message, **details)
         self.usage = dict(usage) if usage else None
         self.dimension = dimension
+        self.messages = tuple(messages)
 
 
 @runtime_checkable

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from corral.daemon import _sessions
 from corral.daemon.harnesses import _liveness
 from corral.daemon.harnesses._base import (
     NothingToAdoptError,
@@ -85,6 +86,13 @@ class CommandHarness:
     the daemon watches the turn (``request.heartbeat``, the spec's ``heartbeatS``), touching
     that file or writing anything to stdout or stderr is a sign of life.
 
+    Session: before the command starts, ``request.session`` (the agent's conversation before
+    this turn) is written to ``<state_dir>/session.jsonl`` as JSON lines, readable by the
+    daemon's user only (0600), and its path is in ``CORRAL_SESSION_FILE``; the file is
+    written every turn (empty when there is nothing) and removed when the turn ends (and by
+    :meth:`reap`), so it never shows an older session. A file that cannot be written fails
+    the turn.
+
     Cost: the launcher is one more interpreter start per turn (about 15 ms of CPU).
     """
 
@@ -116,6 +124,14 @@ class CommandHarness:
         """Run one turn; see the class docstring. Raises ``InvalidArgumentError`` when the
         request is not a TurnRequest for a ``command`` spec."""
         argv = self._check("CommandHarness.run_turn", request)
+        session_file = request.state_dir / _sessions.SESSION_FILE
+        try:
+            _sessions.write_file(session_file, request.session)
+        except OSError as exc:
+            raise TurnFailedError(
+                f"could not write the session file {session_file}: {exc.strerror or exc}",
+                session_file=str(session_file),
+            ) from None
         timer = TurnTimer(request.timeout_s, request.paused_s)
         files = TurnFiles(request.state_dir, request.turn)
         try:
@@ -124,7 +140,11 @@ class CommandHarness:
                 finished = await run_launched(
                     argv,
                     cwd=request.workdir,
-                    env={**agent_env(request), _liveness.HEARTBEAT_ENV: str(heartbeat)},
+                    env={
+                        **agent_env(request),
+                        _liveness.HEARTBEAT_ENV: str(heartbeat),
+                        "CORRAL_SESSION_FILE": str(session_file),
+                    },
                     stdin=request.prompt.encode(),
                     limits=self._limits(),
                     timer=timer,
@@ -134,6 +154,8 @@ class CommandHarness:
                 )
         except ProcessNotStartedError as exc:
             raise TurnFailedError(exc.message, **exc.details) from None
+        finally:
+            session_file.unlink(missing_ok=True)
         return self._judge(finished, timer, request)
 
     async def adopt(self, request: TurnRequest) -> TurnResult:
@@ -161,6 +183,8 @@ class CommandHarness:
             )
         except ProcessNotStartedError as exc:
             raise TurnFailedError(exc.message, **exc.details) from None
+        finally:
+            (request.state_dir / _sessions.SESSION_FILE).unlink(missing_ok=True)
         return self._judge(finished, timer, request)
 
     def _limits(self) -> Limits:
@@ -205,4 +229,5 @@ class CommandHarness:
         found = reap_pid_file(state_dir / PID_FILE)
         remove_all_turn_files(state_dir)
         _liveness.discard(state_dir)
+        (state_dir / _sessions.SESSION_FILE).unlink(missing_ok=True)
         return found

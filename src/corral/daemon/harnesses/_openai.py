@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.agent import Agent
+from corral.daemon.harnesses import _conversation
 from corral.daemon.harnesses._base import TurnFailedError, TurnRequest, TurnResult
 from corral.daemon.harnesses._process import PID_FILE, Limits, reap_pid_file
 from corral.daemon.harnesses._timer import TurnTimer
@@ -81,6 +82,11 @@ class OpenAIHarness:
     The result carries the tokens and dollars of the whole run; ``cost_usd`` is None when a
     model reply could not be priced (no ``price`` in the spec, or a reply without usage).
 
+    Session: ``request.session`` goes to the model before the prompt (after the
+    instructions), shaped by ``spec.compaction`` (``_conversation``; a ``summarize`` call is
+    paid from the turn's budget and counted in its usage); the result's ``messages`` are the
+    turn's replies, tool calls and tool results, for the agent's session.
+
     Failed turns (:class:`TurnFailedError`, with ``usage`` ``{"tokens", "costUsd"}`` spent
     before the failure): the key variable is unset or empty (the message names it); any
     :class:`CorralError` of the run -- a budget dimension exhausted, a model error (HTTP
@@ -137,7 +143,8 @@ class OpenAIHarness:
         tracker = ExecutionTracker(budget)
         priced = _PriceWatch()
         price = prices.get(options.model)
-        middleware: list[Middleware] = [priced, WorstCaseBudget(tracker, price)]
+        said = _conversation.Transcript()
+        middleware: list[Middleware] = [said, priced, WorstCaseBudget(tracker, price)]
         if request.heartbeat is not None:
             middleware.insert(0, _Alive(request.heartbeat))
         if request.check_action is not None:
@@ -156,6 +163,11 @@ class OpenAIHarness:
                     timeout_s=request.timeout_s + 1.0,
                 ) as client,
             ):
+                history = await _conversation.prior_messages(
+                    request.session, request.spec.compaction, client, tracker
+                )
+                # The turn's own messages follow the instructions, the history and the prompt.
+                said.start = (1 if options.instructions else 0) + len(history) + 1
                 agent = Agent(
                     client,
                     agent_id=request.agent_id,
@@ -168,21 +180,23 @@ class OpenAIHarness:
                     middleware=middleware,
                     model_options=options.model_options,
                 )
-                run = await agent.run(request.prompt, tracker=tracker)
+                run = await agent.run(request.prompt, tracker=tracker, history=history)
         except TimeoutError as exc:
             if limit is None or not limit.expired():
-                raise _failed(exc, tracker, priced) from exc
+                raise _failed(exc, tracker, priced, said) from exc
             raise TurnFailedError(
                 timer.timeout_message(),
                 usage=_usage(tracker, priced),
+                messages=said.said(),
                 timeout_s=request.timeout_s,
             ) from None
         except Exception as exc:
-            raise _failed(exc, tracker, priced) from exc
+            raise _failed(exc, tracker, priced, said) from exc
         return TurnResult(
             output=run.output or "",
             tokens=run.usage.tokens,
             cost_usd=run.usage.cost_usd if priced.all_priced else None,
+            messages=said.said(),
         )
 
     async def reap(self, agent_id: str, state_dir: Path) -> bool:
@@ -234,7 +248,12 @@ def _usage(tracker: ExecutionTracker, priced: _PriceWatch) -> dict[str, Any]:
     return {"tokens": spent.tokens, "costUsd": spent.cost_usd if priced.all_priced else None}
 
 
-def _failed(exc: Exception, tracker: ExecutionTracker, priced: _PriceWatch) -> TurnFailedError:
+def _failed(
+    exc: Exception,
+    tracker: ExecutionTracker,
+    priced: _PriceWatch,
+    said: _conversation.Transcript,
+) -> TurnFailedError:
     if isinstance(exc, CorralError):
         dimension = None
         if isinstance(exc, BudgetExhaustedError):
@@ -244,6 +263,7 @@ def _failed(exc: Exception, tracker: ExecutionTracker, priced: _PriceWatch) -> T
         return TurnFailedError(
             exc.message,
             usage=_usage(tracker, priced),
+            messages=said.said(),
             dimension=dimension,
             retryable=exc.retryable,
             cause=exc.code,
@@ -251,5 +271,6 @@ def _failed(exc: Exception, tracker: ExecutionTracker, priced: _PriceWatch) -> T
     return TurnFailedError(
         f"the agent loop raised {type(exc).__name__}: {exc}",
         usage=_usage(tracker, priced),
+        messages=said.said(),
         cause=type(exc).__name__,
     )

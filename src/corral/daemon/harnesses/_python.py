@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from corral.daemon._records import SessionMessage
 from corral.daemon.harnesses import _liveness
 from corral.daemon.harnesses._base import TurnFailedError, TurnRequest, TurnResult
 from corral.daemon.harnesses._timer import TurnTimer
@@ -57,7 +58,9 @@ class TurnContext:
     """What a python-harness function is told about its turn (its second argument).
 
     ``env`` is the spec's ``env`` with the request's ``env`` on top (the worker process's
-    own environment, ``os.environ``, is the daemon's).
+    own environment, ``os.environ``, is the daemon's). ``session`` is the agent's
+    conversation before this turn, oldest first (:class:`SessionMessage` dicts: ``role``,
+    ``turn``, ``content``, ...; empty when its ``history`` is ``none``).
 
     ``heartbeat_file`` is the turn's heartbeat file: :meth:`heartbeat` touches it, which
     keeps a turn watched for stalls (the spec's ``heartbeatS``) alive while the function
@@ -68,6 +71,7 @@ class TurnContext:
     turn: int
     workdir: Path
     env: Mapping[str, str] = field(default_factory=dict)
+    session: tuple[SessionMessage, ...] = ()
     heartbeat_file: Path | None = None
 
     def heartbeat(self) -> None:
@@ -176,6 +180,7 @@ class PythonHarness:
                     workdir=request.workdir,
                     env={**request.spec.env, **request.env},
                     heartbeat_file=heartbeat_file,
+                    session=request.session,
                 )
                 turn = _Turn(target, context)
                 if request.paused_s is None:

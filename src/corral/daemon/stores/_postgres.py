@@ -19,6 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from corral.daemon._errors import StoreUnavailableError
 from corral.daemon._events import Event, NewEvent
+from corral.daemon._sessions import row_changes
 from corral.daemon._state import PROJECTIONS_VERSION, ReplayError, State, Tx, replay
 from corral.daemon.stores._base import refuse_unstorable
 from corral.daemon.stores._sqlite import _dump, _retrieve
@@ -31,7 +32,8 @@ _Pool = AsyncConnectionPool[psycopg.AsyncConnection[TupleRow]]
 
 # The projection tables: rebuilt together from the log when the stored projections were
 # built by another version of the reducer.
-_PROJECTIONS = ("agents", "notices", "decisions", "commands", "tokens")
+_PROJECTIONS = ("agents", "notices", "decisions", "commands", "tokens", "sessions")
+# (``sessions`` is the table ``session_messages``: one row per message.)
 
 # One key for every corral schema: concurrent first opens must not race on CREATE TABLE.
 _SCHEMA_LOCK_KEY = 0x636F7272616C  # "corral"
@@ -52,6 +54,7 @@ class _Statements:
             "commands": table("commands"),
             "meta": table("meta"),
             "tokens": table("tokens"),
+            "sessions": table("session_messages"),
             "counter": table("event_counter"),
         }
 
@@ -76,6 +79,10 @@ class _Statements:
             q("CREATE TABLE IF NOT EXISTS {meta} (key text PRIMARY KEY, value text NOT NULL)"),
             q("CREATE TABLE IF NOT EXISTS {tokens} (name text PRIMARY KEY, data json NOT NULL)"),
             q(
+                "CREATE TABLE IF NOT EXISTS {sessions} (agent_id text NOT NULL, "
+                "n bigint NOT NULL, data json NOT NULL, PRIMARY KEY (agent_id, n))"
+            ),
+            q(
                 "CREATE TABLE IF NOT EXISTS {counter} (id boolean PRIMARY KEY DEFAULT true "
                 "CHECK (id), last_seq bigint NOT NULL)"
             ),
@@ -95,6 +102,13 @@ class _Statements:
         self.clear = {key: q(f"DELETE FROM {{{key}}}") for key in _PROJECTIONS}
         self.load_commands = q("SELECT key, data FROM {commands}")
         self.load_tokens = q("SELECT name, data FROM {tokens}")
+        self.load_sessions = q("SELECT agent_id, data FROM {sessions} ORDER BY agent_id, n")
+        self.delete_session = q("DELETE FROM {sessions} WHERE agent_id = %s")
+        self.drop_messages = q("DELETE FROM {sessions} WHERE agent_id = %s AND n < %s")
+        self.insert_message = q(
+            "INSERT INTO {sessions} (agent_id, n, data) VALUES (%s, %s, %s) "
+            "ON CONFLICT (agent_id, n) DO UPDATE SET data = EXCLUDED.data"
+        )
         self.load_counter = q("SELECT last_seq FROM {counter}")
         self.bump = q("UPDATE {counter} SET last_seq = last_seq + %s RETURNING last_seq")
         self.insert_event = q(
@@ -222,6 +236,8 @@ class PostgresStore:
                 state.commands[key] = data
             for name, data in await (await conn.execute(self._sql.load_tokens)).fetchall():
                 state.tokens[name] = data
+            for agent_id, data in await (await conn.execute(self._sql.load_sessions)).fetchall():
+                state.sessions.setdefault(agent_id, []).append(data)
             row = await (await conn.execute(self._sql.load_counter)).fetchone()
             state.last_seq = row[0] if row else 0
         return state
@@ -240,6 +256,7 @@ class PostgresStore:
         tx.agents, tx.notices = dict(state.agents), dict(state.notices)
         tx.decisions, tx.commands = dict(state.decisions), dict(state.commands)
         tx.tokens = dict(state.tokens)
+        tx.sessions = dict(state.sessions)  # written whole: ``tx.state`` has none
         await self._write(conn, [], tx)
         await conn.execute(self._sql.set_version, (str(PROJECTIONS_VERSION),))
 
@@ -328,6 +345,17 @@ class PostgresStore:
                         self._sql.upsert[key],
                         [(k, Json(rec, dumps=_dump)) for k, rec in rows.items()],
                     )
+            # Sessions: one row per message, so only the new messages are written.
+            inserts = []
+            for agent_id, session in tx.sessions.items():
+                change = row_changes(tx.state.sessions.get(agent_id, []), session)
+                if change.clear:
+                    await cur.execute(self._sql.delete_session, (agent_id,))
+                elif change.drop_below is not None:
+                    await cur.execute(self._sql.drop_messages, (agent_id, change.drop_below))
+                inserts += [(agent_id, m["n"], Json(m, dumps=_dump)) for m in change.insert]
+            if inserts:
+                await cur.executemany(self._sql.insert_message, inserts)
 
     async def read(
         self, after: int = 0, *, agent_id: str | None = None, limit: int = 1000

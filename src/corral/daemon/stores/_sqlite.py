@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
 from corral.daemon._errors import StoreUnavailableError
 from corral.daemon._events import Event, NewEvent
+from corral.daemon._sessions import row_changes
 from corral.daemon._state import PROJECTIONS_VERSION, State, Tx, replay
 from corral.daemon.stores._base import refuse_unstorable
 from corral.kernel import SYSTEM_CLOCK, Clock, UsageError
@@ -33,10 +34,16 @@ CREATE TABLE IF NOT EXISTS decisions (id TEXT PRIMARY KEY, data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS commands (key TEXT PRIMARY KEY, data TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS tokens (name TEXT PRIMARY KEY, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS session_messages (
+    agent_id TEXT NOT NULL,
+    n INTEGER NOT NULL,
+    data TEXT NOT NULL,
+    PRIMARY KEY (agent_id, n)
+) WITHOUT ROWID;
 """
 # The projection tables, with their key column: rebuilt together from the log when the
 # stored projections were built by another version of the reducer.
-_PROJECTIONS = ("agents", "notices", "decisions", "commands", "tokens")
+_PROJECTIONS = ("agents", "notices", "decisions", "commands", "tokens", "session_messages")
 
 
 def _dump(value: Any) -> str:
@@ -108,6 +115,9 @@ class SQLiteStore:
             state.commands[key] = json.loads(data)
         for name, data in conn.execute("SELECT name, data FROM tokens"):
             state.tokens[name] = json.loads(data)
+        rows = conn.execute("SELECT agent_id, data FROM session_messages ORDER BY agent_id, n")
+        for agent_id, data in rows:
+            state.sessions.setdefault(agent_id, []).append(json.loads(data))
         (last,) = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()
         state.last_seq = last
         return state
@@ -133,6 +143,7 @@ class SQLiteStore:
                 "INSERT OR REPLACE INTO tokens (name, data) VALUES (?, ?)",
                 [(k, _dump(v)) for k, v in state.tokens.items()],
             )
+            self._write_sessions(conn, {}, dict(state.sessions))
             conn.execute(
                 "INSERT OR REPLACE INTO meta (key, value) VALUES ('projections', ?)",
                 (str(PROJECTIONS_VERSION),),
@@ -160,6 +171,26 @@ class SQLiteStore:
             "INSERT OR REPLACE INTO decisions (id, data) VALUES (?, ?)",
             [(k, _dump(v)) for k, v in decisions.items()],
         )
+
+    @staticmethod
+    def _write_sessions(
+        conn: sqlite3.Connection, old: Mapping[str, Any], changed: Mapping[str, Any]
+    ) -> None:
+        """Write the sessions ``changed`` (None: deleted) from what they were (``old``): one
+        row per message, so only new messages are written."""
+        for agent_id, session in changed.items():
+            rows = row_changes(old.get(agent_id, []), session)
+            if rows.clear:
+                conn.execute("DELETE FROM session_messages WHERE agent_id = ?", (agent_id,))
+            elif rows.drop_below is not None:
+                conn.execute(
+                    "DELETE FROM session_messages WHERE agent_id = ? AND n < ?",
+                    (agent_id, rows.drop_below),
+                )
+            conn.executemany(
+                "INSERT OR REPLACE INTO session_messages (agent_id, n, data) VALUES (?, ?, ?)",
+                [(agent_id, m["n"], _dump(m)) for m in rows.insert],
+            )
 
     async def append(self, events: Sequence[NewEvent]) -> list[Event]:
         if not events:
@@ -206,6 +237,7 @@ class SQLiteStore:
                 "INSERT OR REPLACE INTO tokens (name, data) VALUES (?, ?)",
                 [(k, _dump(v)) for k, v in tx.tokens.items()],
             )
+            self._write_sessions(conn, self._state.sessions, tx.sessions)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:  # SQLite may have rolled back by itself already
