@@ -142,7 +142,8 @@ def test_a_model_driven_coordinator_resolves_its_held_worker(
     assert "no such table: refunds" in woken_prompt
     tool_results = [m["content"] for m in requests[5]["messages"] if m["role"] == "tool"]
     # The session brings the first turn's agent_spawn result along; this turn's come last.
-    assert len(tool_results) == 4 and worker in tool_results[0]
+    assert len(tool_results) == 4
+    assert worker in tool_results[0]
     inbox, stop, prompted = tool_results[1:]
     assert '"kind": "supervision"' in inbox
     assert stop == "tool 'agent_stop' refused: re-prompt instead"
