@@ -96,6 +96,7 @@ def team_specs() -> list[dict[str, Any]]:
 
 async def spawn_team(url: str) -> None:
     ids: dict[str, str] = {}
+    run_id = ""
     # The daemon's token: CORRAL_TOKEN if set (the daemon takes it too), else the one it made
     # in .corral/token (or $CORRAL_HOME/token), which `corral` also reads by itself.
     token = os.environ.get("CORRAL_TOKEN") or read_token_file(token_path())
@@ -110,6 +111,7 @@ async def spawn_team(url: str) -> None:
                 print(f"team: could not spawn {spec['name']}: {answer.text}", flush=True)
                 return
             ids[spec["name"]] = answer.json()["id"]
+            run_id = answer.json()["runId"]
         print("team: " + ", ".join(f"{name} {agent}" for name, agent in ids.items()), flush=True)
         print(
             "Try in another terminal:\n"
@@ -119,6 +121,8 @@ async def spawn_team(url: str) -> None:
             '  .venv/bin/corral approve ID --why "release checked"   # the approval\'s id\n'
             f'  .venv/bin/corral prompt {ids["deployer"]} "go ahead" --why "release checked"\n'
             f"  .venv/bin/corral inbox {ids['coordinator']}   # the notices that woke it\n"
+            f"  .venv/bin/corral session {ids['counter']}   # its task, the failure, the fix\n"
+            f"  .venv/bin/corral run {run_id}   # the team as a tree, usage against limits\n"
             "  .venv/bin/corral gateway status\n"
             f"  .venv/bin/corral gateway reinstate {ids['auditor']} --target shop "
             '--reason "filter fixed"\n'
