@@ -36,6 +36,8 @@ TOOL_NAMES = [
     "agent_spawn",
     "agent_prompt",
     "agent_stop",
+    "run_get",
+    "run_stop",
     "agent_budget",
     "agent_status",
     "agent_list",
@@ -245,6 +247,26 @@ async def test_an_agent_token_reaches_through_mcp_what_it_reaches_over_http(
         assert structured(spawned)["parent"] == lead
         root = await client.call_tool("agent_spawn", {"spec": {**SPEC, "name": "root"}})
         assert structured(root)["error"]["code"] == "out_of_scope"
+        # The run's tree, from the agent down; another run is out of its reach.
+        run = structured(await client.call_tool("run_get", {"agentId": lead}))
+        assert [a["name"] for a in run["agents"]] == ["lead", "child", "helper"]
+        assert run["headcount"]["active"] == 3
+        other_run = service.get(other)["runId"]
+        refused = await client.call_tool("run_get", {"runId": other_run})
+        assert structured(refused)["error"]["code"] == "out_of_scope"
+        refused = await client.call_tool("run_stop", {"runId": other_run})
+        assert structured(refused)["error"]["code"] == "out_of_scope"
+        stopped = structured(await client.call_tool("run_stop", {"runId": run["runId"]}))
+        assert stopped["stopped"] == [child, structured(spawned)["id"], lead]
+    assert service.get(lead)["state"] == service.get(child)["state"] == "stopped"
+    assert service.get(other)["state"] == "idle"
+
+
+async def test_run_get_needs_a_run_or_an_agent(front: FrontDoor) -> None:
+    async with Client(build_mcp_server(front.api)) as client:
+        refused = await client.call_tool("run_get", {})
+    assert refused.is_error
+    assert "give runId, or agentId" in text(refused)
 
 
 async def test_without_a_scoped_api_an_agent_token_is_refused(scoped_front: FrontDoor) -> None:

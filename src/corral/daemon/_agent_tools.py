@@ -32,7 +32,9 @@ from corral.kernel import CorralError
 
 MAX_RESULT_CHARS = 64 * 1024
 MAX_PROBLEMS_CHARS = 2000
-_SELF_DEFAULT = frozenset({"inbox_read", "agent_status", "action_check", "db_query"})
+_SELF_DEFAULT = frozenset(
+    {"inbox_read", "agent_status", "action_check", "db_query", "run_get", "session_get"}
+)
 _BY_NAME: dict[str, Tool] = {tool.name: tool for tool in TOOLS}
 assert set(CORRAL_TOOLS) <= set(_BY_NAME), "a corral tool with no MCP tool behind it"
 

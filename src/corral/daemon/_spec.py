@@ -31,6 +31,8 @@ CORRAL_TOOLS = (
     "agent_stop",
     "agent_status",
     "agent_list",
+    "run_get",
+    "session_get",
     "inbox_read",
     "decisions_list",
     "decision_answer",

@@ -10,7 +10,7 @@ from typing import Any
 
 import mcp_types as types
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from corral.daemon._api import AgentApi
@@ -58,6 +58,28 @@ class PromptArgs(Args):
 
 class StopArgs(Args):
     agent_id: str = _AGENT
+    by: str | None = _BY
+    why: str | None = _WHY
+    idempotency_key: str | None = _KEY
+
+
+class RunArgs(Args):
+    run_id: str | None = Field(
+        default=None, min_length=1, description="The run's id (runId of its agents' records)."
+    )
+    agent_id: str | None = Field(
+        default=None, min_length=1, description="An agent of the run, when runId is not given."
+    )
+
+    @model_validator(mode="after")
+    def _one_of(self) -> RunArgs:
+        if self.run_id is None and self.agent_id is None:
+            raise ValueError("give runId, or agentId for that agent's run")
+        return self
+
+
+class RunStopArgs(Args):
+    run_id: str = Field(min_length=1, description="The run's id (runId of its agents' records).")
     by: str | None = _BY
     why: str | None = _WHY
     idempotency_key: str | None = _KEY
@@ -189,7 +211,7 @@ class Tool:
             annotations=types.ToolAnnotations(
                 title=self.title,
                 read_only_hint=self.read_only,
-                destructive_hint=self.name == "agent_stop",
+                destructive_hint=self.name in ("agent_stop", "run_stop"),
                 idempotent_hint=self.idempotent,
                 open_world_hint=False,
             ),
@@ -256,6 +278,18 @@ async def _prompt(api: AgentApi, a: PromptArgs) -> dict[str, Any]:
 
 async def _stop(api: AgentApi, a: StopArgs) -> dict[str, Any]:
     return await api.stop(a.agent_id, by=a.by, why=a.why, idempotency_key=a.idempotency_key)
+
+
+async def _run(api: AgentApi, a: RunArgs) -> dict[str, Any]:
+    run_id = a.run_id
+    if run_id is None:
+        assert a.agent_id is not None  # RunArgs asks for one of them
+        run_id = str((await api.get(a.agent_id))["runId"])
+    return await api.run(run_id)
+
+
+async def _run_stop(api: AgentApi, a: RunStopArgs) -> dict[str, Any]:
+    return await api.stop_run(a.run_id, by=a.by, why=a.why, idempotency_key=a.idempotency_key)
 
 
 async def _budget(api: AgentApi, a: BudgetArgs) -> dict[str, Any]:
@@ -354,6 +388,30 @@ TOOLS: tuple[Tool, ...] = (
         'Returns {"id", "accepted": "stop"}. A stopped agent takes no more commands.',
         StopArgs,
         _stop,
+        read_only=False,
+        idempotent=False,
+    ),
+    Tool(
+        "run_get",
+        "Show a run",
+        'A run\'s tree (of runId, or of agentId\'s run), depth first, as {"runId", "rootId", '
+        '"top", "headcount": {"active", "paused", "max", "allowPreempt"}, "agents": [{"id", '
+        '"name", "parent", "depth", "state", "usage", "treeUsage", "budget"}]}: each agent\'s '
+        "state, and what its subtree spent (treeUsage) against its limits (budget). An "
+        "agent's token sees its own subtree of its own run.",
+        RunArgs,
+        _run,
+        read_only=True,
+        idempotent=True,
+    ),
+    Tool(
+        "run_stop",
+        "Stop a run",
+        "Stop every live agent of a run, children before their parents, in one step with one "
+        'reason (by, why). Returns {"runId", "accepted": "stop", "stopped": [ids]}. An '
+        "agent's token stops only a run it is the root of.",
+        RunStopArgs,
+        _run_stop,
         read_only=False,
         idempotent=False,
     ),
