@@ -6,6 +6,7 @@ prior messages, shaped by the spec's compaction)."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -700,3 +701,21 @@ async def test_after_a_restart_the_next_turn_gets_the_session(
     finally:
         await second.close()
     assert contents(recorder.seen[0].session) == [("user", "remember 7"), ("assistant", "done 1")]
+
+
+@pytest.mark.timeout(10)
+async def test_a_fifo_the_agent_left_for_the_session_file_cannot_block_the_daemon(
+    tmp_path: Path,
+) -> None:
+    # A command agent can write in its state directory (its heartbeat file is there): a FIFO
+    # where the session file's temp file goes made the next turn's open block the event loop.
+    state = tmp_path / "state"
+    state.mkdir()
+    os.mkfifo(state / "session.jsonl.tmp")
+    (tmp_path / "elsewhere").write_text("kept")
+    os.symlink(tmp_path / "elsewhere", state / "session.jsonl")
+    script = 'cat "$CORRAL_SESSION_FILE"'
+    request = turn_request(tmp_path, spec(command=["sh", "-c", script]))
+    output = (await CommandHarness().run_turn(request)).output.splitlines()
+    assert [json.loads(line) for line in output] == list(SESSION)
+    assert (tmp_path / "elsewhere").read_text() == "kept"  # a link is replaced, not followed

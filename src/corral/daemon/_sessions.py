@@ -25,6 +25,7 @@ This module depends on the records only: the reducer imports it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -222,10 +223,14 @@ def write_file(path: Path, messages: Iterable[Mapping[str, Any]]) -> None:
     data = jsonl(messages)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     temp = path.with_name(path.name + ".tmp")
-    # O_NOFOLLOW: a link left where the temp file goes is refused, never written through.
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    # The agent can write in this directory: whatever it left where the temp file goes (a
+    # FIFO, whose open would block the daemon's event loop; a link) is removed, and the file
+    # is made anew (O_EXCL: nothing put back meanwhile is opened, never written through).
+    with contextlib.suppress(FileNotFoundError):
+        temp.unlink()
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        os.fchmod(fd, 0o600)  # a leftover temp file keeps its mode otherwise
+        os.fchmod(fd, 0o600)  # whatever the umask
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
