@@ -208,6 +208,21 @@ def test_turn_messages_keep_only_well_formed_storable_messages() -> None:
     assert _sessions.turn_messages("nope") == []
 
 
+def test_a_turn_logs_no_more_than_a_session_could_keep_of_it() -> None:
+    # One model reply may carry any number of tool calls: 10k calls of 2 KB each, with their
+    # results, made a 40 MB turn_completed event, though the session keeps 256 KB.
+    calls = [{"id": f"c{i}", "name": "t", "arguments": "x" * 2000} for i in range(10_000)]
+    raw: list[Any] = [{"role": "assistant", "content": "", "toolCalls": calls}]
+    raw += [{"role": "tool", "content": "y" * 2000, "toolCallId": f"c{i}"} for i in range(60)]
+    raw.append({"role": "assistant", "content": "done"})
+    kept = _sessions.turn_messages(raw)
+    assert len(json.dumps(kept)) < 2 * _sessions.MAX_SESSION_CHARS
+    assert sum(_sessions.size(m) for m in kept) <= _sessions.MAX_SESSION_CHARS
+    assert kept[-1] == {"role": "assistant", "content": "done"}
+    assert kept[0]["role"] == "assistant"
+    assert len(kept[0]["toolCalls"]) == _sessions.MAX_TURN_CALLS
+
+
 # --- the spec ---------------------------------------------------------------------------------
 
 

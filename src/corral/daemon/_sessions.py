@@ -13,7 +13,9 @@ the run has ended (see ``_retention``) -- and ``permanent`` as long as the agent
 
 Bounds, so that no agent can grow the daemon without limit: a message's text is cut at
 :data:`MAX_MESSAGE_CHARS` (a line says how much was dropped), a turn adds at most
-:data:`MAX_TURN_MESSAGES` messages of its harness (the newest), and a session keeps at most
+:data:`MAX_TURN_MESSAGES` messages of its harness (the newest, at most
+:data:`MAX_SESSION_CHARS` characters together; an assistant message at most
+:data:`MAX_TURN_CALLS` tool calls), and a session keeps at most
 :data:`MAX_MESSAGES` messages and :data:`MAX_SESSION_CHARS` characters, the oldest dropped
 first (never leaving a tool result without the call it answers at the front).
 
@@ -43,6 +45,7 @@ MAX_MESSAGES = 200
 MAX_SESSION_CHARS = 256 * 1024
 MAX_MESSAGE_CHARS = 16 * 1024
 MAX_TURN_MESSAGES = 64
+MAX_TURN_CALLS = 64  # tool calls kept of one assistant message
 _MAX_NAME_CHARS = 200  # a tool's name, a tool call's id
 _OVERHEAD_CHARS = 64  # what a message's keys cost besides its text, counted in the cap
 
@@ -153,7 +156,9 @@ def turn_messages(raw: Any) -> list[dict[str, Any]]:
     """The messages a harness reported for a turn, as the log keeps them: only ``assistant``
     (``content``, ``toolCalls`` of ``{id, name, arguments}`` strings) and ``tool``
     (``content``, ``toolCallId``, ``name``) messages of the right types, each text clipped,
-    at most :data:`MAX_TURN_MESSAGES` (the newest), every string made storable
+    at most :data:`MAX_TURN_MESSAGES` (the newest) of at most :data:`MAX_SESSION_CHARS`
+    together (see :func:`size`), each with at most :data:`MAX_TURN_CALLS` tool calls
+    (the first), every string made storable
     (``_text.escape``). Anything else is left out: what a model says must not be able to
     break a session."""
     if not isinstance(raw, Sequence) or isinstance(raw, str | bytes):
@@ -181,8 +186,10 @@ def turn_messages(raw: Any) -> list[dict[str, Any]]:
                 msg["name"] = _kept(item["name"], _MAX_NAME_CHARS)
             kept.append(msg)
     kept = kept[-MAX_TURN_MESSAGES:]
-    while kept and kept[0]["role"] == "tool":
-        kept.pop(0)
+    # What a session could keep of the turn at most: more would only grow the log.
+    total = sum(size(m) for m in kept)
+    while kept and (total > MAX_SESSION_CHARS or kept[0]["role"] == "tool"):
+        total -= size(kept.pop(0))
     return kept
 
 
@@ -190,7 +197,7 @@ def _tool_calls(raw: Any) -> list[SessionToolCall]:
     if not isinstance(raw, Sequence) or isinstance(raw, str | bytes):
         return []
     calls: list[SessionToolCall] = []
-    for call in raw:
+    for call in raw[:MAX_TURN_CALLS]:
         if not isinstance(call, Mapping):
             continue
         call_id, name, arguments = call.get("id"), call.get("name"), call.get("arguments")
