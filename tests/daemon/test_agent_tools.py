@@ -127,3 +127,22 @@ def test_corral_tools_in_the_spec_are_checked(
     with pytest.raises(InvalidSpecError) as refused:
         parse_spec({"name": "x", "harness": "openai", "openai": openai})
     assert message in json.dumps(refused.value.problems)
+
+
+async def test_a_model_cannot_spawn_a_child_of_higher_priority_than_its_own(
+    service: AgentService,
+) -> None:
+    # A higher-priority helper would pause others' agents at the run's cap and take a larger
+    # share of the daemon's turns than the operator gave the agent.
+    lead = await coordinator(service, priority="high")
+    tools = tools_of(service, lead)
+    spec = {"name": "w", "harness": "command", "command": ["true"]}
+    with pytest.raises(CorralToolError) as refused:
+        await tools["agent_spawn"].call({"spec": {**spec, "priority": "critical"}})
+    assert refused.value.details["error_code"] == "out_of_scope"
+    assert "'critical'" in refused.value.message
+    assert "'high'" in refused.value.message
+    assert [a["id"] for a in service.list_agents()] == [lead]  # nothing made
+    for priority in ("high", "normal", "low"):
+        made = json.loads(await tools["agent_spawn"].call({"spec": {**spec, "priority": priority}}))
+        assert made["spec"]["priority"] == priority

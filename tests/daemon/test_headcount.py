@@ -537,3 +537,32 @@ async def test_turn_slots_without_a_limit_run_at_once() -> None:
     await slots.run("a", Priority.LOW, work)
     assert ran == ["x"]
     assert slots.running == 0
+
+
+async def test_turn_slots_count_each_agent_s_waiting_turns_without_walking_the_queues() -> None:
+    # GET /agents asks waiting(id) of every agent it lists: walking the queues each time made
+    # a listing of N agents with N queued turns quadratic (20k: minutes of a blocked loop).
+    slots = TurnSlots(1)
+    hold = asyncio.Event()
+    first = asyncio.create_task(slots.run("first", Priority.LOW, hold.wait))
+    await settle(lambda: slots.running == 1)
+
+    async def work() -> None:
+        pass
+
+    n = 20_000
+    waiters = [asyncio.create_task(slots.run(f"a{i}", Priority.NORMAL, work)) for i in range(n)]
+    waiters.append(asyncio.create_task(slots.run("a0", Priority.HIGH, work)))
+    await settle(lambda: slots.waiting() == n + 1)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    counts = [slots.waiting(f"a{i}") for i in range(n)]
+    assert loop.time() - started < BOUND_S
+    assert counts == [2] + [1] * (n - 1)
+    waiters[1].cancel()  # a1 stops while it waits
+    await asyncio.wait({waiters[1]})
+    assert (slots.waiting("a1"), slots.waiting(), slots.waiting("first")) == (0, n, 0)
+    hold.set()
+    async with asyncio.timeout(BOUND_S):
+        await asyncio.gather(first, *waiters[2:], waiters[0], return_exceptions=True)
+    assert (slots.waiting(), slots.waiting("a0"), slots.running) == (0, 0, 0)

@@ -6,6 +6,7 @@ prior messages, shaped by the spec's compaction)."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -205,6 +206,21 @@ def test_turn_messages_keep_only_well_formed_storable_messages() -> None:
     assert len(_sessions.turn_messages(many)) == _sessions.MAX_TURN_MESSAGES
     assert _sessions.turn_messages(many)[-1]["content"] == "199"
     assert _sessions.turn_messages("nope") == []
+
+
+def test_a_turn_logs_no_more_than_a_session_could_keep_of_it() -> None:
+    # One model reply may carry any number of tool calls: 10k calls of 2 KB each, with their
+    # results, made a 40 MB turn_completed event, though the session keeps 256 KB.
+    calls = [{"id": f"c{i}", "name": "t", "arguments": "x" * 2000} for i in range(10_000)]
+    raw: list[Any] = [{"role": "assistant", "content": "", "toolCalls": calls}]
+    raw += [{"role": "tool", "content": "y" * 2000, "toolCallId": f"c{i}"} for i in range(60)]
+    raw.append({"role": "assistant", "content": "done"})
+    kept = _sessions.turn_messages(raw)
+    assert len(json.dumps(kept)) < 2 * _sessions.MAX_SESSION_CHARS
+    assert sum(_sessions.size(m) for m in kept) <= _sessions.MAX_SESSION_CHARS
+    assert kept[-1] == {"role": "assistant", "content": "done"}
+    assert kept[0]["role"] == "assistant"
+    assert len(kept[0]["toolCalls"]) == _sessions.MAX_TURN_CALLS
 
 
 # --- the spec ---------------------------------------------------------------------------------
@@ -700,3 +716,21 @@ async def test_after_a_restart_the_next_turn_gets_the_session(
     finally:
         await second.close()
     assert contents(recorder.seen[0].session) == [("user", "remember 7"), ("assistant", "done 1")]
+
+
+@pytest.mark.timeout(10)
+async def test_a_fifo_the_agent_left_for_the_session_file_cannot_block_the_daemon(
+    tmp_path: Path,
+) -> None:
+    # A command agent can write in its state directory (its heartbeat file is there): a FIFO
+    # where the session file's temp file goes made the next turn's open block the event loop.
+    state = tmp_path / "state"
+    state.mkdir()
+    os.mkfifo(state / "session.jsonl.tmp")
+    (tmp_path / "elsewhere").write_text("kept")
+    os.symlink(tmp_path / "elsewhere", state / "session.jsonl")
+    script = 'cat "$CORRAL_SESSION_FILE"'
+    request = turn_request(tmp_path, spec(command=["sh", "-c", script]))
+    output = (await CommandHarness().run_turn(request)).output.splitlines()
+    assert [json.loads(line) for line in output] == list(SESSION)
+    assert (tmp_path / "elsewhere").read_text() == "kept"  # a link is replaced, not followed

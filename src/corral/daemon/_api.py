@@ -14,6 +14,7 @@ from corral.daemon._client import page_args, spec_mapping
 from corral.daemon._databases import Databases, waiting_decisions
 from corral.daemon._errors import AnswerNotAcceptedError, DecisionNotFoundError, OutOfScopeError
 from corral.daemon._events import Event
+from corral.daemon._headcount import PRIORITIES
 from corral.daemon._policy import BUDGET_EXHAUSTED
 from corral.daemon._service import AgentService, CommandResult
 from corral.daemon._spec import AgentSpec, parse_spec
@@ -220,12 +221,21 @@ class ScopedService:
             )
         # A child answers no more kinds of decisions than the agent that makes it: an agent
         # must not hand a helper the approvals a person was meant to give.
-        granted = set(self.service.get(self.principal)["spec"].get("mayAnswer", []))
+        own = self.service.get(self.principal)["spec"]
+        granted = set(own.get("mayAnswer", []))
         beyond = sorted(set(parsed.may_answer) - granted)
         if beyond:
             raise OutOfScopeError(
                 self.principal,
                 f"a child that may answer {beyond} (its own spec's mayAnswer is {sorted(granted)})",
+            )
+        # Nor a higher priority than its own: a helper of higher priority would pause others'
+        # agents at the run's cap and take a larger share of the daemon's turns.
+        mine = own.get("priority", "normal")
+        if PRIORITIES[parsed.priority] > PRIORITIES.get(mine, PRIORITIES["normal"]):
+            raise OutOfScopeError(
+                self.principal,
+                f"a child of priority {parsed.priority!r} (its own spec's priority is {mine!r})",
             )
         self.check(parsed.parent)
         return await self.service.spawn(parsed, idempotency_key=idempotency_key)

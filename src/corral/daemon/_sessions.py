@@ -13,7 +13,9 @@ the run has ended (see ``_retention``) -- and ``permanent`` as long as the agent
 
 Bounds, so that no agent can grow the daemon without limit: a message's text is cut at
 :data:`MAX_MESSAGE_CHARS` (a line says how much was dropped), a turn adds at most
-:data:`MAX_TURN_MESSAGES` messages of its harness (the newest), and a session keeps at most
+:data:`MAX_TURN_MESSAGES` messages of its harness (the newest, at most
+:data:`MAX_SESSION_CHARS` characters together; an assistant message at most
+:data:`MAX_TURN_CALLS` tool calls), and a session keeps at most
 :data:`MAX_MESSAGES` messages and :data:`MAX_SESSION_CHARS` characters, the oldest dropped
 first (never leaving a tool result without the call it answers at the front).
 
@@ -25,6 +27,7 @@ This module depends on the records only: the reducer imports it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -42,6 +45,7 @@ MAX_MESSAGES = 200
 MAX_SESSION_CHARS = 256 * 1024
 MAX_MESSAGE_CHARS = 16 * 1024
 MAX_TURN_MESSAGES = 64
+MAX_TURN_CALLS = 64  # tool calls kept of one assistant message
 _MAX_NAME_CHARS = 200  # a tool's name, a tool call's id
 _OVERHEAD_CHARS = 64  # what a message's keys cost besides its text, counted in the cap
 
@@ -152,7 +156,9 @@ def turn_messages(raw: Any) -> list[dict[str, Any]]:
     """The messages a harness reported for a turn, as the log keeps them: only ``assistant``
     (``content``, ``toolCalls`` of ``{id, name, arguments}`` strings) and ``tool``
     (``content``, ``toolCallId``, ``name``) messages of the right types, each text clipped,
-    at most :data:`MAX_TURN_MESSAGES` (the newest), every string made storable
+    at most :data:`MAX_TURN_MESSAGES` (the newest) of at most :data:`MAX_SESSION_CHARS`
+    together (see :func:`size`), each with at most :data:`MAX_TURN_CALLS` tool calls
+    (the first), every string made storable
     (``_text.escape``). Anything else is left out: what a model says must not be able to
     break a session."""
     if not isinstance(raw, Sequence) or isinstance(raw, str | bytes):
@@ -180,8 +186,10 @@ def turn_messages(raw: Any) -> list[dict[str, Any]]:
                 msg["name"] = _kept(item["name"], _MAX_NAME_CHARS)
             kept.append(msg)
     kept = kept[-MAX_TURN_MESSAGES:]
-    while kept and kept[0]["role"] == "tool":
-        kept.pop(0)
+    # What a session could keep of the turn at most: more would only grow the log.
+    total = sum(size(m) for m in kept)
+    while kept and (total > MAX_SESSION_CHARS or kept[0]["role"] == "tool"):
+        total -= size(kept.pop(0))
     return kept
 
 
@@ -189,7 +197,7 @@ def _tool_calls(raw: Any) -> list[SessionToolCall]:
     if not isinstance(raw, Sequence) or isinstance(raw, str | bytes):
         return []
     calls: list[SessionToolCall] = []
-    for call in raw:
+    for call in raw[:MAX_TURN_CALLS]:
         if not isinstance(call, Mapping):
             continue
         call_id, name, arguments = call.get("id"), call.get("name"), call.get("arguments")
@@ -222,10 +230,14 @@ def write_file(path: Path, messages: Iterable[Mapping[str, Any]]) -> None:
     data = jsonl(messages)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     temp = path.with_name(path.name + ".tmp")
-    # O_NOFOLLOW: a link left where the temp file goes is refused, never written through.
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    # The agent can write in this directory: whatever it left where the temp file goes (a
+    # FIFO, whose open would block the daemon's event loop; a link) is removed, and the file
+    # is made anew (O_EXCL: nothing put back meanwhile is opened, never written through).
+    with contextlib.suppress(FileNotFoundError):
+        temp.unlink()
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        os.fchmod(fd, 0o600)  # a leftover temp file keeps its mode otherwise
+        os.fchmod(fd, 0o600)  # whatever the umask
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]

@@ -30,7 +30,7 @@ _SCALE = int(Priority.CRITICAL)  # strides are whole numbers: 8 // weight
 class TurnSlots:
     """At most ``limit`` turns at once (None: no limit), granted by priority share."""
 
-    __slots__ = ("_last_pass", "_limit", "_passes", "_queues", "_running")
+    __slots__ = ("_last_pass", "_limit", "_passes", "_queues", "_running", "_waiting")
 
     def __init__(self, limit: int | None = None) -> None:
         v.positive_int("TurnSlots", "limit", limit, optional=True)
@@ -39,6 +39,9 @@ class TurnSlots:
         self._queues: dict[Priority, deque[tuple[str, asyncio.Future[None]]]] = {}
         self._passes: dict[Priority, int] = {}
         self._last_pass = 0
+        # Waiting turns per agent: ``waiting(agent_id)`` is asked for every agent a listing
+        # shows, so it must not walk the queues (that made GET /agents quadratic).
+        self._waiting: dict[str, int] = {}
 
     @property
     def limit(self) -> int | None:
@@ -51,12 +54,9 @@ class TurnSlots:
 
     def waiting(self, agent_id: str | None = None) -> int:
         """How many turns wait for a slot (of ``agent_id`` only, when given)."""
-        return sum(
-            1
-            for queue in self._queues.values()
-            for owner, _ in queue
-            if agent_id is None or owner == agent_id
-        )
+        if agent_id is not None:
+            return self._waiting.get(agent_id, 0)
+        return sum(len(queue) for queue in self._queues.values())
 
     async def run(
         self, agent_id: str, priority: Priority, work: Callable[[], Awaitable[None]]
@@ -84,6 +84,7 @@ class TurnSlots:
         granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         entry = (agent_id, granted)
         queue.append(entry)
+        self._waiting[agent_id] = self._waiting.get(agent_id, 0) + 1
         try:
             await granted
         except BaseException:
@@ -91,6 +92,7 @@ class TurnSlots:
                 self._release()  # granted as it was cancelled: the slot goes on to the next
             elif entry in queue:
                 queue.remove(entry)
+                self._left(agent_id)
             raise
 
     def _release(self) -> None:
@@ -104,10 +106,17 @@ class TurnSlots:
             if not waiting:
                 return
             best = min(waiting, key=lambda p: (self._passes.get(p, 0), -p))
-            _, granted = self._queues[best].popleft()
+            owner, granted = self._queues[best].popleft()
+            self._left(owner)
             if granted.done():
                 continue  # cancelled, its task not yet told: it takes no slot
             self._last_pass = self._passes.get(best, 0)
             self._passes[best] = self._last_pass + _SCALE // max(1, int(best))
             self._running += 1
             granted.set_result(None)
+
+    def _left(self, agent_id: str) -> None:
+        """A turn of ``agent_id`` is out of the queues."""
+        left = self._waiting.pop(agent_id, 0) - 1
+        if left > 0:
+            self._waiting[agent_id] = left
