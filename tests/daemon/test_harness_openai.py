@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import signal
 import socket
@@ -288,6 +289,31 @@ async def test_cancellation_abandons_the_call_and_propagates(
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_a_cancelled_turn_tells_what_its_model_calls_had_spent(
+    openai_server: OpenAIServer, tmp_path: Path
+) -> None:
+    openai_server.enqueue(
+        completion(tool_calls=[tool_call("noop", {})], usage=(100, 10)),
+        reply(completion("late", usage=(500, 50)), delay_s=10),
+    )
+    told: list[dict[str, Any]] = []
+    req = request(
+        openai_server.base_url,
+        tmp_path,
+        tools=[command_tool("noop", "report")],
+        price={"inputPerMtokUsd": 1.0, "outputPerMtokUsd": 2.0},
+    )
+    task = asyncio.ensure_future(
+        OpenAIHarness().run_turn(dataclasses.replace(req, spent=lambda u: told.append(dict(u))))
+    )
+    await settle(lambda: len(openai_server.requests) == 2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # The first call's usage, priced; the second never answered.
+    assert told == [{"tokens": 110, "costUsd": pytest.approx(120 / 1e6)}]
 
 
 async def test_reap_has_nothing_to_end(tmp_path: Path) -> None:

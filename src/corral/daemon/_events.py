@@ -246,8 +246,15 @@ def turn_failed(
     return NewEvent(TURN_FAILED, agent_id, data)
 
 
-def turn_interrupted(agent_id: str, turn: int, reason: str) -> NewEvent:
-    return NewEvent(TURN_INTERRUPTED, agent_id, {"turn": turn, "reason": reason})
+def turn_interrupted(
+    agent_id: str, turn: int, reason: str, usage: Mapping[str, Any] | None = None
+) -> NewEvent:
+    """Turn ``turn`` was cut short; ``usage``: what it had spent, when its harness could
+    tell (it counts against the budgets, but not as a turn)."""
+    data: dict[str, Any] = {"turn": turn, "reason": reason}
+    if usage is not None:
+        data["usage"] = dict(usage)
+    return NewEvent(TURN_INTERRUPTED, agent_id, data)
 
 
 def prompted(agent_id: str, was: str) -> NewEvent:

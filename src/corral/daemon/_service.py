@@ -226,6 +226,9 @@ class AgentService:
         self._waking: set[str] = set()
         self._wakes = _wake.WakeCounter(clock)
         self._agent_tools: AgentTools | None = None
+        # What a cancelled turn had spent, as its harness told (agent -> (turn, usage)): the
+        # turn's agent.turn_interrupted carries it (see _with_spent).
+        self._spent: dict[str, tuple[int, dict[str, Any]]] = {}
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -452,9 +455,11 @@ class AgentService:
             self._workdir(agent_id).mkdir(parents=True, exist_ok=True)
             self._state_dir(agent_id).mkdir(parents=True, exist_ok=True)
             result = CommandResult(201, dict(created))
+            # The preempted turn is cancelled first, as stop does, so that what it had spent
+            # is known when its agent.turn_interrupted is written.
+            await self._preempted(paused)
             await self._commit(events, idempotency_key, command, result)
             self._specs[agent_id] = spec
-            await self._preempted(paused)
             if starts and spec.prompt:
                 self._launch(agent_id, 1, spec.prompt)
             return result
@@ -1190,6 +1195,7 @@ class AgentService:
             heartbeat=beat,
             extra_tools=() if self._agent_tools is None else self._agent_tools(agent_id, spec),
             session=_sessions.before(self.store.state.sessions.get(agent_id), turn),
+            spent=self._spent_by(agent_id, turn),
         )
         try:
             outcome = await _turns.run(self.harnesses[spec.harness], turn_request)
@@ -1387,6 +1393,27 @@ class AgentService:
             self._launch(rec["id"], retry, _notices.resend_text(self.store.state, rec))
         self._release_if_ended(rec["id"])
 
+    def _spent_by(self, agent_id: str, turn: int) -> Callable[[Mapping[str, Any]], None]:
+        """Where turn ``turn``'s harness tells what it had spent when it is cancelled."""
+
+        def spent(usage: Mapping[str, Any]) -> None:
+            tokens, cost = usage.get("tokens", 0), usage.get("costUsd")
+            if _turns.usage_problem(tokens, cost) is None:
+                self._spent[agent_id] = (turn, {"tokens": tokens, "costUsd": cost})
+
+        return spent
+
+    def _with_spent(self, event: NewEvent) -> NewEvent:
+        """``agent.turn_interrupted`` with what its cancelled turn had spent, when its
+        harness told: stopping, preempting or restarting a turn must not hide its spending
+        from the budgets above it."""
+        if event.type != ev.TURN_INTERRUPTED or event.agent_id is None or "usage" in event.data:
+            return event
+        found = self._spent.get(event.agent_id)
+        if found is None or found[0] != event.data.get("turn"):
+            return event
+        return NewEvent(event.type, event.agent_id, {**event.data, "usage": found[1]})
+
     async def _commit(
         self,
         events: Sequence[NewEvent],
@@ -1394,13 +1421,15 @@ class AgentService:
         command: dict[str, Any] | None = None,
         result: CommandResult | None = None,
     ) -> list[Event]:
-        events = list(events)
+        events = [self._with_spent(event) for event in events]
         # Sessions a run's end deletes are deleted in the same commit (see _retention).
         events += _retention.on_commit(self.store.state, events, self.clock.now().isoformat())
         if key is not None and command is not None and result is not None:
             events.append(_commands.recorded(key, command, result))
         written = await self.store.append(events)
         for event in written:
+            if event.type == ev.TURN_INTERRUPTED and event.agent_id is not None:
+                self._spent.pop(event.agent_id, None)
             if event.type == ev.STATE_CHANGED:
                 d = event.data
                 if event.agent_id is not None and "waiting" in (d.get("from"), d.get("to")):
@@ -1441,8 +1470,8 @@ class AgentService:
         return events
 
     async def _preempted(self, agent_id: str | None) -> None:
-        """Cancel the turn of paused agent ``agent_id`` if its spec says ``onPreempt:
-        cancel`` (its interruption is written already). Call with the mutex held."""
+        """Cancel the turn of agent ``agent_id``, which is being paused, if its spec says
+        ``onPreempt: cancel`` (its interruption is written next). Call with the mutex held."""
         if agent_id is None or self._spec(agent_id).on_preempt != "cancel":
             return
         task = self._turns.pop(agent_id, None)

@@ -248,27 +248,30 @@ def _add_usage(rec: AgentRecord, usage: TurnUsage | None) -> None:
     rec["usage"] = _plus(rec["usage"], usage)
 
 
-def _plus(old: Usage, usage: TurnUsage | None) -> Usage:
-    """``old`` with one more turn that spent ``usage``."""
+def _plus(old: Usage, usage: TurnUsage | None, *, turns: int = 1) -> Usage:
+    """``old`` with ``turns`` more turns (one, or none for a turn cut short) that spent
+    ``usage``."""
     usage = usage or {"tokens": 0}
     cost = usage.get("costUsd", 0.0)
     return {
         "tokens": old["tokens"] + int(usage.get("tokens", 0)),
         "costUsd": old["costUsd"] + float(cost or 0.0),
-        "turns": old["turns"] + 1,
+        "turns": old["turns"] + turns,
         # Turns whose cost nobody could price: a dollar budget cannot vouch for them.
         "unpricedTurns": old.get("unpricedTurns", 0) + (1 if cost is None else 0),
     }
 
 
-def _add_tree_usage(tx: Tx, rec: AgentRecord, usage: TurnUsage | None) -> None:
+def _add_tree_usage(tx: Tx, rec: AgentRecord, usage: TurnUsage | None, *, turns: int = 1) -> None:
     """Count one turn of ``rec`` into the ``treeUsage`` of ``rec`` and of each ancestor:
     every turn counts against the agent and each of its ancestors (see _tree_budget)."""
     current: AgentRecord | None = rec
     seen: set[str] = set()
     while current is not None and current["id"] not in seen:
         seen.add(current["id"])
-        current["treeUsage"] = _plus(current.get("treeUsage") or current["usage"], usage)
+        current["treeUsage"] = _plus(
+            current.get("treeUsage") or current["usage"], usage, turns=turns
+        )
         parent = current["parent"]
         current = None if parent is None else tx.agent(parent)
 
@@ -310,6 +313,13 @@ def _turn_interrupted(tx: Tx, event: Event) -> None:
     rec = tx.agent(_agent_id(event))
     rec["turnInFlight"] = None
     rec["updatedAt"] = event.ts
+    spent = event.data.get("usage")
+    if spent is not None:
+        # What a turn cut short had spent counts against every budget above it (so stopping
+        # or restarting turns cannot spend past them), but it was not a turn that ran.
+        usage = cast(TurnUsage, spent)
+        _add_tree_usage(tx, rec, usage, turns=0)  # first: it starts from the own usage
+        rec["usage"] = _plus(rec["usage"], usage, turns=0)
 
 
 def _state_changed(tx: Tx, event: Event) -> None:

@@ -60,12 +60,14 @@ def request(
     heartbeat: Callable[[], None] | None = None,
     extra_tools: Sequence[ExtraTool] = (),
     session: Sequence[SessionMessage] = (),
+    spent: Callable[[Mapping[str, Any]], None] | None = None,
 ) -> TurnRequest:
     """Turn ``turn`` of the agent, with what is left of its budget at ``now`` (and of each
     ancestor's, found with ``lookup``: the tightest of them), the action check its harness
     asks before each tool call, how long it has waited on people, what its harness calls on
     each sign of life (``heartbeat``, see ``_stall``), the tools the daemon adds to its
-    spec's (``extra_tools``), and its ``session`` before this turn."""
+    spec's (``extra_tools``), its ``session`` before this turn, and where a cancelled turn
+    tells what it spent (``spent``)."""
     own = _budget.in_force(rec, spec).to_budget()
     remaining = _tree_budget.remaining(rec, own, lookup or _no_agent, now)
     timeout_s = spec.turn_timeout_s
@@ -89,6 +91,7 @@ def request(
         heartbeat=heartbeat,
         extra_tools=tuple(extra_tools),
         session=tuple(session),
+        spent=spent,
     )
 
 

@@ -64,6 +64,14 @@ class TurnRequest:
 
     ``extra_tools`` are tools the daemon adds for this agent (see :class:`ExtraTool`).
 
+    ``spent(usage)`` is how a harness whose turn is cancelled (the agent stopped, preempted,
+    its stalled turn restarted) tells the daemon what the turn had spent so far
+    (``{"tokens", "costUsd"}``, ``costUsd`` None when unknown), so that it still counts
+    against the agent's and its ancestors' budgets; called at most once, before the
+    cancellation propagates, never raising. None when the daemon does not ask. A harness
+    that cannot know (a command, a python function: they report usage only with their
+    result) does not call it.
+
     ``session`` is the agent's conversation before this turn, oldest first (empty when its
     ``history`` is ``none``; see ``corral.daemon._sessions``): the ``command`` harness writes
     it to ``CORRAL_SESSION_FILE``, the ``python`` harness puts it in its context, the
@@ -83,6 +91,7 @@ class TurnRequest:
     paused_s: Callable[[], float] | None = None
     heartbeat: Callable[[], None] | None = None
     extra_tools: tuple[ExtraTool, ...] = ()
+    spent: Callable[[Mapping[str, Any]], None] | None = None
     session: tuple[SessionMessage, ...] = ()
 
 

@@ -181,6 +181,11 @@ class OpenAIHarness:
                     model_options=options.model_options,
                 )
                 run = await agent.run(request.prompt, tracker=tracker, history=history)
+        except asyncio.CancelledError:
+            # Cut short from outside: what the model calls spent still counts.
+            if request.spent is not None:
+                request.spent(_usage(tracker, priced))
+            raise
         except TimeoutError as exc:
             if limit is None or not limit.expired():
                 raise _failed(exc, tracker, priced, said) from exc
