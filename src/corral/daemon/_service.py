@@ -583,7 +583,8 @@ class AgentService:
         events: list[NewEvent] = []
         if rec["turnInFlight"] is not None:
             events.append(ev.turn_interrupted(agent_id, rec["turnInFlight"], "agent stopped"))
-        if rec["state"] == "blocked":
+        # A paused agent may hold a decision too: the hold it resumes to (``resumeTo``).
+        if rec["state"] == "blocked" or rec.get("resumeTo") == "blocked":
             events += _decisions.resolve_hold(self.store.state, rec, "stop", by, why, note)
         events += self._withdraw(agent_id, "the agent was stopped")
         events.append(ev.stopped(agent_id, rec["state"], by, why, run=run))
