@@ -38,9 +38,17 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from corral.daemon import AgentService, SQLiteStore, TurnFailedError, TurnRequest, TurnResult
+from corral.daemon import (
+    AgentService,
+    SQLiteStore,
+    TurnFailedError,
+    TurnRequest,
+    TurnResult,
+    _sessions,
+    _state,
+    _tree_budget,
+)
 from corral.daemon import _events as ev
-from corral.daemon import _sessions, _state, _tree_budget
 from corral.daemon._state import ENDED_STATES, LIVE_STATES
 from corral.kernel import CorralError
 from corral.runtime import FakeClock
@@ -388,7 +396,8 @@ class Teams(RuleBasedStateMachine):
                 assert agent_id not in pending_decisions, agent_id
             if rec["state"] == "blocked":
                 found = state.decisions.get(rec.get("decision") or "")
-                assert found is not None and found["state"] == "pending", agent_id
+                assert found is not None, agent_id
+                assert found["state"] == "pending", agent_id
             if rec["state"] == "idle" and rec["spec"].get("wake"):
                 assert agent_id not in pending_notices, f"{agent_id} idle, not woken"
             if rec["state"] in ("idle", "blocked"):
@@ -416,13 +425,16 @@ class Teams(RuleBasedStateMachine):
             events += page
             after = page[-1].seq
         assert _state.replay(events).snapshot() == state.snapshot()
-        if os.environ.get("TEAMS_STATS"):
-            import collections, json
-            c = collections.Counter(f"{e.type}:{e.data.get('to','') if e.type=='agent.state_changed' else ''}:{e.data.get('reason','') if e.type=='agent.state_changed' else ''}" for e in events)
-            with open("/tmp/teams_stats.jsonl", "a") as f:
-                f.write(json.dumps(c) + "\n")
-        # A turn queued for a slot is not watched: only turns that reached the harness stall.
+        # Each state change starts from the state the agent was in. A turn queued for a slot
+        # is not watched: only turns that reached the harness stall.
+        states: dict[str, str] = {}
         for event in events:
+            if event.type == ev.AGENT_CREATED:
+                states[event.data["agent"]["id"]] = event.data["agent"]["state"]
+            elif event.type == ev.STATE_CHANGED and event.agent_id is not None:
+                was = states.get(event.agent_id)
+                assert event.data.get("from", was) == was, (event.seq, event.data, was)
+                states[event.agent_id] = event.data["to"]
             if event.type == ev.TURN_STALLED:
                 turn = (event.agent_id, event.data["turn"])
                 assert turn in self.harness.reached, f"stall of a turn never started: {turn}"

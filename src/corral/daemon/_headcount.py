@@ -247,13 +247,17 @@ async def _fill(tracker: SpawnTracker) -> list[str]:
 # --- events --------------------------------------------------------------------------------
 
 
-def pause_events(rec: AgentRecord, spec: AgentSpec, by: str) -> tuple[list[NewEvent], bool]:
+def pause_events(
+    rec: AgentRecord, spec: AgentSpec, by: str, *, queued: bool = False
+) -> tuple[list[NewEvent], bool]:
     """Pause ``rec`` for agent ``by``: the events, and whether its turn in flight is to be
-    cancelled (``onPreempt: cancel``; the caller cancels the task once they are written)."""
+    cancelled (``onPreempt: cancel``, or ``queued``: the turn waits for one of the daemon's
+    concurrent-turn slots, so it has not started and a paused agent starts nothing; the
+    caller cancels the task)."""
     turn = rec["turnInFlight"]
     if turn is None:
         return [ev.paused(rec["id"], rec["state"], by, "idle")], False
-    if spec.on_preempt == "cancel":
+    if spec.on_preempt == "cancel" or queued:
         why = f"preempted by {by} at the run's headcount cap"
         return [
             ev.turn_interrupted(rec["id"], turn, why),
@@ -285,7 +289,9 @@ def while_paused(
                 resume_to, decision = "blocked", event.data.get("decision")
             continue
         if event.agent_id == agent_id and event.type == ev.TURN_STARTED:
-            resume_to = "retry"  # a retry is new work: it waits for the resume
+            # A retry is new work: it waits for the resume; so does a stalled turn's
+            # restart, which runs as the turn again (``turn``).
+            resume_to = "turn" if event.data.get("restart") else "retry"
             continue
         kept.append(event)
     if resume_to:

@@ -30,7 +30,7 @@ _SCALE = int(Priority.CRITICAL)  # strides are whole numbers: 8 // weight
 class TurnSlots:
     """At most ``limit`` turns at once (None: no limit), granted by priority share."""
 
-    __slots__ = ("_last_pass", "_limit", "_passes", "_queues", "_running")
+    __slots__ = ("_granted", "_last_pass", "_limit", "_passes", "_queues", "_running")
 
     def __init__(self, limit: int | None = None) -> None:
         v.positive_int("TurnSlots", "limit", limit, optional=True)
@@ -39,6 +39,8 @@ class TurnSlots:
         self._queues: dict[Priority, deque[tuple[str, asyncio.Future[None]]]] = {}
         self._passes: dict[Priority, int] = {}
         self._last_pass = 0
+        # Granted a slot, their task not yet run: they have not started either.
+        self._granted: list[tuple[str, asyncio.Future[None]]] = []
 
     @property
     def limit(self) -> int | None:
@@ -50,12 +52,11 @@ class TurnSlots:
         return self._running
 
     def waiting(self, agent_id: str | None = None) -> int:
-        """How many turns wait for a slot (of ``agent_id`` only, when given)."""
+        """How many turns wait for a slot (of ``agent_id`` only, when given), those granted
+        one but not yet started included."""
+        queued = [entry for queue in self._queues.values() for entry in queue]
         return sum(
-            1
-            for queue in self._queues.values()
-            for owner, _ in queue
-            if agent_id is None or owner == agent_id
+            1 for owner, _ in (*queued, *self._granted) if agent_id is None or owner == agent_id
         )
 
     async def run(
@@ -74,7 +75,7 @@ class TurnSlots:
 
     async def _acquire(self, agent_id: str, priority: Priority) -> None:
         assert self._limit is not None
-        if self._running < self._limit and not self.waiting():
+        if self._running < self._limit and not any(self._queues.values()):
             self._running += 1
             return
         queue = self._queues.setdefault(priority, deque())
@@ -92,6 +93,9 @@ class TurnSlots:
             elif entry in queue:
                 queue.remove(entry)
             raise
+        finally:
+            if entry in self._granted:
+                self._granted.remove(entry)
 
     def _release(self) -> None:
         self._running -= 1
@@ -104,9 +108,11 @@ class TurnSlots:
             if not waiting:
                 return
             best = min(waiting, key=lambda p: (self._passes.get(p, 0), -p))
-            _, granted = self._queues[best].popleft()
+            entry = self._queues[best].popleft()
+            granted = entry[1]
             if granted.done():
                 continue  # cancelled, its task not yet told: it takes no slot
+            self._granted.append(entry)
             self._last_pass = self._passes.get(best, 0)
             self._passes[best] = self._last_pass + _SCALE // max(1, int(best))
             self._running += 1
