@@ -240,3 +240,29 @@ async def test_a_wake_held_by_an_ancestor_s_budget_runs_once_the_ancestor_has_ro
     await team.quiet()
     await team.in_harness(lead)  # released, its notice still pending: woken
     assert team.state(lead) == "running"
+
+
+async def test_a_paused_agent_s_turn_waiting_on_a_person_is_not_stalled(
+    make_service: MakeService, sqlite_store: SQLiteStore
+) -> None:
+    team = Team(make_service, sqlite_store)
+    await team.start()
+    await team.spawn("root", spawnBudget={"maxAgents": 2, "allowPreempt": True})
+    asks = [{"match": "deploy", "verdict": "ask", "timeoutS": 3600}]
+    worker = await team.spawn("w", priority="low", prompt="go", heartbeatS=1.0, guardrails=asks)
+    await team.in_harness(worker)
+    boss = await team.spawn("boss", priority="high")
+    assert team.state(worker) == "paused"  # onPreempt finish: its turn goes on...
+    verdict = await team.svc.check_action(worker, "deploy")  # ...and asks a person
+    assert verdict.decision is not None
+    await team.advance(30.0)
+    assert await team.events(worker, ev.TURN_STALLED) == []
+    assert worker in team.harness.turns
+    await team.svc.stop(boss)  # resumed: still waiting on the person
+    assert team.state(worker) == "waiting"
+    await team.svc.answer(verdict.decision, "approve", by="ops")
+    assert team.state(worker) == "running"
+    await team.advance(0.5)
+    assert await team.events(worker, ev.TURN_STALLED) == []  # the answer is a sign of life
+    await team.advance(0.5)
+    assert [s["turn"] for s in await team.events(worker, ev.TURN_STALLED)] == [1]

@@ -48,6 +48,7 @@ from corral.runtime import SpawnTracker
 __all__ = [
     "PRIORITIES",
     "Headcount",
+    "asked",
     "HeadcountView",
     "headcount",
     "pause_events",
@@ -299,25 +300,32 @@ def while_paused(
     return kept, None
 
 
+def asked(state: State, rec: AgentRecord) -> list[str]:
+    """The pending approvals the agent's turn in flight waits on (a paused agent's turn
+    that asks a person stays ``paused``, not ``waiting``: this says it waits)."""
+    turn = rec["turnInFlight"]
+    return [
+        d["id"]
+        for d in state.decisions.values()
+        if turn is not None
+        and d["kind"] == "approval"
+        and d["state"] == "pending"
+        and d["agentId"] == rec["id"]
+        and d.get("turn") == turn
+    ]
+
+
 def resume_events(
     state: State, rec: AgentRecord, spec: AgentSpec, now: Any
 ) -> tuple[list[NewEvent], tuple[int, str] | None]:
     """Resume paused agent ``rec`` (headcount freed): the events, and the turn to start
     (its number and prompt), if one starts."""
     agent_id = rec["id"]
-    turn_in_flight = rec["turnInFlight"]
-    if turn_in_flight is not None:
+    if rec["turnInFlight"] is not None:
         # Its finishing turn goes on: waiting, when it asked a person while paused.
-        asked = [
-            d["id"]
-            for d in state.decisions.values()
-            if d["kind"] == "approval"
-            and d["state"] == "pending"
-            and d["agentId"] == agent_id
-            and d.get("turn") == turn_in_flight
-        ]
-        if asked:
-            return [ev.unpaused(agent_id, "waiting", reason="approval", decision=asked[0])], None
+        waits_on = asked(state, rec)
+        if waits_on:
+            return [ev.unpaused(agent_id, "waiting", reason="approval", decision=waits_on[0])], None
         return [ev.unpaused(agent_id, "running")], None
     resume_to = rec.get("resumeTo", "idle")
     if resume_to == "blocked":

@@ -1426,6 +1426,14 @@ class AgentService:
                 # Whoever answered (a person, a deadline, a withdrawal), the checks waiting
                 # on the decision hear it once it is durable.
                 self._settle_waiters(str(event.data.get("decisionId")))
+            if event.type in (ev.DECISION_REQUESTED, ev.DECISION_RESOLVED) and event.agent_id:
+                # A paused agent's finishing turn that waits on a person stays paused: the
+                # wait counts as for a waiting agent (its timeout, its silence).
+                rec = self.store.state.agents.get(event.agent_id)
+                if rec is not None and rec["state"] == "paused":
+                    asked = bool(_headcount.asked(self.store.state, rec))
+                    self.pauses(event.agent_id).waiting(asked)
+                    self._stalls.waiting(event.agent_id, asked)
         self._feed.publish(written)
         ended = [
             e.agent_id
