@@ -29,8 +29,8 @@ test: lint
 	$(BIN)/pytest
 
 # The property-based suites with many more examples than `make test` runs: the HTTP API
-# fuzzed from its OpenAPI document (schemathesis), the stores and the gateway's verdicts on
-# empty reads (hypothesis); minutes, not seconds.
+# fuzzed from its OpenAPI document (schemathesis), the stores, the gateway's verdicts on
+# empty reads and the daemon's teams as a state machine (hypothesis); minutes, not seconds.
 fuzz: fuzz-api fuzz-stores fuzz-gateway fuzz-teams
 
 fuzz-api: $(STAMP)
