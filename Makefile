@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run tour test lint bench format clean fuzz fuzz-api fuzz-stores fuzz-gateway
+.PHONY: run tour test lint bench format clean fuzz fuzz-api fuzz-stores fuzz-gateway fuzz-teams
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,15 +29,18 @@ test: lint
 	$(BIN)/pytest
 
 # The property-based suites with many more examples than `make test` runs: the HTTP API
-# fuzzed from its OpenAPI document (schemathesis), the stores and the gateway's verdicts on
-# empty reads (hypothesis); minutes, not seconds.
-fuzz: fuzz-api fuzz-stores fuzz-gateway
+# fuzzed from its OpenAPI document (schemathesis), the stores, the gateway's verdicts on
+# empty reads and the daemon's teams as a state machine (hypothesis); minutes, not seconds.
+fuzz: fuzz-api fuzz-stores fuzz-gateway fuzz-teams
 
 fuzz-api: $(STAMP)
 	CORRAL_FUZZ_EXAMPLES=200 $(BIN)/pytest -q -p no:randomly tests/daemon/test_api_fuzz.py
 
 fuzz-stores: $(STAMP)
 	CORRAL_FUZZ_EXAMPLES=300 $(BIN)/pytest -q -p no:randomly tests/daemon/test_store_properties.py
+
+fuzz-teams: $(STAMP)
+	CORRAL_FUZZ_EXAMPLES=1000 CORRAL_FUZZ_STEPS=50 $(BIN)/pytest -q -p no:randomly tests/daemon/test_teams_stateful.py
 
 fuzz-gateway: $(STAMP)
 	HYPOTHESIS_PROFILE=long $(BIN)/pytest -q -p no:randomly --timeout=0 tests/gateway/test_emptiness.py

@@ -48,6 +48,7 @@ from corral.runtime import SpawnTracker
 __all__ = [
     "PRIORITIES",
     "Headcount",
+    "asked",
     "HeadcountView",
     "headcount",
     "pause_events",
@@ -247,13 +248,17 @@ async def _fill(tracker: SpawnTracker) -> list[str]:
 # --- events --------------------------------------------------------------------------------
 
 
-def pause_events(rec: AgentRecord, spec: AgentSpec, by: str) -> tuple[list[NewEvent], bool]:
+def pause_events(
+    rec: AgentRecord, spec: AgentSpec, by: str, *, queued: bool = False
+) -> tuple[list[NewEvent], bool]:
     """Pause ``rec`` for agent ``by``: the events, and whether its turn in flight is to be
-    cancelled (``onPreempt: cancel``; the caller cancels the task once they are written)."""
+    cancelled (``onPreempt: cancel``, or ``queued``: the turn waits for one of the daemon's
+    concurrent-turn slots, so it has not started and a paused agent starts nothing; the
+    caller cancels the task)."""
     turn = rec["turnInFlight"]
     if turn is None:
         return [ev.paused(rec["id"], rec["state"], by, "idle")], False
-    if spec.on_preempt == "cancel":
+    if spec.on_preempt == "cancel" or queued:
         why = f"preempted by {by} at the run's headcount cap"
         return [
             ev.turn_interrupted(rec["id"], turn, why),
@@ -285,12 +290,29 @@ def while_paused(
                 resume_to, decision = "blocked", event.data.get("decision")
             continue
         if event.agent_id == agent_id and event.type == ev.TURN_STARTED:
-            resume_to = "retry"  # a retry is new work: it waits for the resume
+            # A retry is new work: it waits for the resume; so does a stalled turn's
+            # restart, which runs as the turn again (``turn``).
+            resume_to = "turn" if event.data.get("restart") else "retry"
             continue
         kept.append(event)
     if resume_to:
         kept.append(ev.paused(agent_id, PAUSED, rec.get("pausedBy"), resume_to, decision=decision))
     return kept, None
+
+
+def asked(state: State, rec: AgentRecord) -> list[str]:
+    """The pending approvals the agent's turn in flight waits on (a paused agent's turn
+    that asks a person stays ``paused``, not ``waiting``: this says it waits)."""
+    turn = rec["turnInFlight"]
+    return [
+        d["id"]
+        for d in state.decisions.values()
+        if turn is not None
+        and d["kind"] == "approval"
+        and d["state"] == "pending"
+        and d["agentId"] == rec["id"]
+        and d.get("turn") == turn
+    ]
 
 
 def resume_events(
@@ -299,19 +321,11 @@ def resume_events(
     """Resume paused agent ``rec`` (headcount freed): the events, and the turn to start
     (its number and prompt), if one starts."""
     agent_id = rec["id"]
-    turn_in_flight = rec["turnInFlight"]
-    if turn_in_flight is not None:
+    if rec["turnInFlight"] is not None:
         # Its finishing turn goes on: waiting, when it asked a person while paused.
-        asked = [
-            d["id"]
-            for d in state.decisions.values()
-            if d["kind"] == "approval"
-            and d["state"] == "pending"
-            and d["agentId"] == agent_id
-            and d.get("turn") == turn_in_flight
-        ]
-        if asked:
-            return [ev.unpaused(agent_id, "waiting", reason="approval", decision=asked[0])], None
+        waits_on = asked(state, rec)
+        if waits_on:
+            return [ev.unpaused(agent_id, "waiting", reason="approval", decision=waits_on[0])], None
         return [ev.unpaused(agent_id, "running")], None
     resume_to = rec.get("resumeTo", "idle")
     if resume_to == "blocked":

@@ -266,7 +266,10 @@ class AgentService:
                     self._by_check[(found["checkId"], found["ruleIndex"])] = found["id"]
                 if found["state"] == "pending":
                     await self._time_approval(found, locked=True)
-            for rec in list(self.store.state.agents.values()):
+            for agent_id in list(self.store.state.agents):
+                # As the settlements before it left it: one that ended an agent may have
+                # resumed a paused one (headcount freed).
+                rec = self.store.state.agents[agent_id]
                 turn = rec["turnInFlight"]
                 if turn is None:
                     continue
@@ -445,7 +448,8 @@ class AgentService:
             starts = bool(spec.prompt) and exhausted is None
             if starts:
                 rec["state"] = "running"
-            events = [*self._pausing(paused, agent_id), ev.agent_created(rec)]
+            pausing, cancel = self._pausing(paused, agent_id)
+            events = [*pausing, ev.agent_created(rec)]
             if starts and spec.prompt:
                 events.append(ev.turn_started(agent_id, 1, spec.prompt, retry=False, notices=[]))
             elif exhausted is not None:
@@ -457,7 +461,7 @@ class AgentService:
             result = CommandResult(201, dict(created))
             # The preempted turn is cancelled first, as stop does, so that what it had spent
             # is known when its agent.turn_interrupted is written.
-            await self._preempted(paused)
+            await self._preempted(paused, cancel)
             await self._commit(events, idempotency_key, command, result)
             self._specs[agent_id] = spec
             if starts and spec.prompt:
@@ -588,7 +592,8 @@ class AgentService:
         events: list[NewEvent] = []
         if rec["turnInFlight"] is not None:
             events.append(ev.turn_interrupted(agent_id, rec["turnInFlight"], "agent stopped"))
-        if rec["state"] == "blocked":
+        # A paused agent may hold a decision too: the hold it resumes to (``resumeTo``).
+        if rec["state"] == "blocked" or rec.get("resumeTo") == "blocked":
             events += _decisions.resolve_hold(self.store.state, rec, "stop", by, why, note)
         events += self._withdraw(agent_id, "the agent was stopped")
         events.append(ev.stopped(agent_id, rec["state"], by, why, run=run))
@@ -1293,7 +1298,7 @@ class AgentService:
                 or rec is None
                 or task is None
                 or rec["turnInFlight"] != turn
-                or rec["state"] != "running"
+                or rec["state"] not in ("running", "paused")
                 or not self._stalls.stalled(agent_id, turn)
             ):
                 return  # it ended, waits on a person, or came back to life meanwhile
@@ -1320,10 +1325,13 @@ class AgentService:
                 first=first,
                 before=withdrawn,
             )
-            await self._commit(step.events)
-            if step.restart is not None:
+            # A paused agent (its turn finishing) starts nothing: what the recovery leads to
+            # waits for its resume (see _headcount.while_paused).
+            events, restart = _headcount.while_paused(rec, step.events, step.restart)
+            await self._commit(events)
+            if restart is not None:
                 after = self.store.state.agents[agent_id]
-                self._launch(agent_id, step.restart, _notices.resend_text(self.store.state, after))
+                self._launch(agent_id, restart, _notices.resend_text(self.store.state, after))
             self._release_if_ended(agent_id)
 
     async def _recreate_workdir(self, agent_id: str, turn: int) -> None:
@@ -1447,6 +1455,14 @@ class AgentService:
                 # Whoever answered (a person, a deadline, a withdrawal), the checks waiting
                 # on the decision hear it once it is durable.
                 self._settle_waiters(str(event.data.get("decisionId")))
+            if event.type in (ev.DECISION_REQUESTED, ev.DECISION_RESOLVED) and event.agent_id:
+                # A paused agent's finishing turn that waits on a person stays paused: the
+                # wait counts as for a waiting agent (its timeout, its silence).
+                rec = self.store.state.agents.get(event.agent_id)
+                if rec is not None and rec["state"] == "paused":
+                    asked = bool(_headcount.asked(self.store.state, rec))
+                    self.pauses(event.agent_id).waiting(asked)
+                    self._stalls.waiting(event.agent_id, asked)
         self._feed.publish(written)
         ended = [
             e.agent_id
@@ -1461,18 +1477,26 @@ class AgentService:
 
     # --- headcount (see _headcount) -------------------------------------------------------
 
-    def _pausing(self, agent_id: str | None, by: str) -> list[NewEvent]:
-        """The events that pause ``agent_id`` (None: nobody) for new agent ``by``."""
+    def _pausing(self, agent_id: str | None, by: str) -> tuple[list[NewEvent], bool]:
+        """The events that pause ``agent_id`` (None: nobody) for new agent ``by``, and
+        whether its turn is to be cancelled (:meth:`_preempted`). A turn still queued for a
+        concurrent-turn slot has not started: it is cancelled whatever ``onPreempt`` says
+        (it runs on resume), and at once, so that no slot granted meanwhile starts it."""
         if agent_id is None:
-            return []
+            return [], False
         rec = self.store.state.agents[agent_id]
-        events, _ = _headcount.pause_events(rec, self._spec(agent_id), by)
-        return events
+        queued = self._slots.waiting(agent_id) > 0
+        events, cancel = _headcount.pause_events(rec, self._spec(agent_id), by, queued=queued)
+        task = self._turns.get(agent_id)
+        if queued and task is not None:
+            task.cancel()
+        return events, cancel
 
-    async def _preempted(self, agent_id: str | None) -> None:
-        """Cancel the turn of agent ``agent_id``, which is being paused, if its spec says
-        ``onPreempt: cancel`` (its interruption is written next). Call with the mutex held."""
-        if agent_id is None or self._spec(agent_id).on_preempt != "cancel":
+    async def _preempted(self, agent_id: str | None, cancel: bool) -> None:
+        """Cancel the turn of agent ``agent_id``, which is being paused, when ``cancel``
+        (:meth:`_pausing` says; its interruption is written next, with what the turn had
+        spent). Call with the mutex held."""
+        if agent_id is None or not cancel:
             return
         task = self._turns.pop(agent_id, None)
         if task is not None:

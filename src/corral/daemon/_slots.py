@@ -53,10 +53,11 @@ class TurnSlots:
         return self._running
 
     def waiting(self, agent_id: str | None = None) -> int:
-        """How many turns wait for a slot (of ``agent_id`` only, when given)."""
+        """How many turns wait for a slot (of ``agent_id`` only, when given), those granted
+        one but not yet started included (they have not started either)."""
         if agent_id is not None:
             return self._waiting.get(agent_id, 0)
-        return sum(len(queue) for queue in self._queues.values())
+        return sum(self._waiting.values())
 
     async def run(
         self, agent_id: str, priority: Priority, work: Callable[[], Awaitable[None]]
@@ -74,7 +75,7 @@ class TurnSlots:
 
     async def _acquire(self, agent_id: str, priority: Priority) -> None:
         assert self._limit is not None
-        if self._running < self._limit and not self.waiting():
+        if self._running < self._limit and not any(self._queues.values()):
             self._running += 1
             return
         queue = self._queues.setdefault(priority, deque())
@@ -92,8 +93,10 @@ class TurnSlots:
                 self._release()  # granted as it was cancelled: the slot goes on to the next
             elif entry in queue:
                 queue.remove(entry)
-                self._left(agent_id)
             raise
+        finally:
+            # Counted until its task runs again: a granted turn has not started before that.
+            self._left(agent_id)
 
     def _release(self) -> None:
         self._running -= 1
@@ -106,8 +109,7 @@ class TurnSlots:
             if not waiting:
                 return
             best = min(waiting, key=lambda p: (self._passes.get(p, 0), -p))
-            owner, granted = self._queues[best].popleft()
-            self._left(owner)
+            _, granted = self._queues[best].popleft()
             if granted.done():
                 continue  # cancelled, its task not yet told: it takes no slot
             self._last_pass = self._passes.get(best, 0)
