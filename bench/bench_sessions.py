@@ -30,7 +30,7 @@ AGENTS = 100
 FILL_TURNS = 10  # 2 messages a turn: 20-message sessions when the clock starts
 TIMED_TURNS = 10
 CAP_FILL_TURNS = _sessions.MAX_MESSAGES // 2
-ROUNDS = 3
+ROUNDS = 5
 TEXT = "x" * 200  # a prompt's, and an output's, length
 
 
