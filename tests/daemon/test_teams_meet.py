@@ -266,3 +266,46 @@ async def test_a_paused_agent_s_turn_waiting_on_a_person_is_not_stalled(
     assert await team.events(worker, ev.TURN_STALLED) == []  # the answer is a sign of life
     await team.advance(0.5)
     assert [s["turn"] for s in await team.events(worker, ev.TURN_STALLED)] == [1]
+
+
+async def test_a_turn_still_waiting_for_a_slot_when_the_daemon_died_runs_after_the_restart(
+    make_service: MakeService, open_sqlite: OpenSQLite
+) -> None:
+    team = Team(make_service, await open_sqlite(), max_concurrent_turns=1)
+    service = await team.start()
+    busy = await team.spawn("busy", prompt="go", onFailure="fail")
+    await team.in_harness(busy)
+    waiting = await team.spawn("waiting", parent=busy, prompt="count", onFailure="fail")
+    await settle(lambda: team.svc.get(waiting).get("queuedTurn") == 1)
+    assert [e["turn"] for e in await team.events(waiting, ev.TURN_QUEUED)] == [1]
+    await service.close()
+
+    await team.start(await open_sqlite())
+    # The turn that ran was cut short; the one that only waited never started: it runs now
+    # (neither counted as failed nor ended by its onFailure "fail").
+    assert team.state(busy) == "failed"
+    await team.in_harness(waiting)
+    assert team.state(waiting) == "running"
+    assert await team.events(waiting, ev.TURN_INTERRUPTED, ev.TURN_FAILED) == []
+    await team.end(waiting)
+    rec = team.svc.get(waiting)
+    assert (rec["state"], rec["turns"], rec["consecutiveFailures"]) == ("idle", 1, 0)
+    assert "queuedTurn" not in rec
+
+
+async def test_a_turn_granted_a_slot_after_waiting_says_so(
+    make_service: MakeService, sqlite_store: SQLiteStore
+) -> None:
+    team = Team(make_service, sqlite_store, max_concurrent_turns=1)
+    await team.start()
+    first = await team.spawn("first", prompt="go")
+    await team.in_harness(first)
+    second = await team.spawn("second", parent=first, prompt="go")
+    await settle(lambda: team.svc.get(second).get("queuedTurn") == 1)
+    await team.end(first)
+    await team.in_harness(second)
+    kinds = [e["type"] for e in await team.events(second, ev.TURN_QUEUED, ev.TURN_GRANTED)]
+    assert kinds == [ev.TURN_QUEUED, ev.TURN_GRANTED]
+    assert "queuedTurn" not in team.svc.get(second)
+    # The first turn had a slot at once: it says nothing of slots.
+    assert await team.events(first, ev.TURN_QUEUED, ev.TURN_GRANTED) == []

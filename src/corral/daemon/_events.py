@@ -24,6 +24,9 @@ BUDGET_CHANGED = "agent.budget_changed"
 WORKDIR_RECREATED = "agent.workdir_recreated"
 TURN_STALLED = "agent.turn_stalled"
 STALL_RECOVERY = "agent.stall_recovery"
+# A started turn waits for one of the daemon's concurrent-turn slots, then has one
+TURN_QUEUED = "agent.turn_queued"
+TURN_GRANTED = "agent.turn_granted"
 # Inboxes, decisions, commands
 NOTICE = "inbox.notice"
 NOTICES_DROPPED = "inbox.dropped"
@@ -51,6 +54,8 @@ EVENT_TYPES = frozenset(
         WORKDIR_RECREATED,
         TURN_STALLED,
         STALL_RECOVERY,
+        TURN_QUEUED,
+        TURN_GRANTED,
         NOTICE,
         NOTICES_DROPPED,
         DECISION_REQUESTED,
@@ -244,6 +249,17 @@ def turn_failed(
     if messages:
         data["messages"] = [dict(m) for m in messages]
     return NewEvent(TURN_FAILED, agent_id, data)
+
+
+def turn_queued(agent_id: str, turn: int) -> NewEvent:
+    """Turn ``turn`` waits for a concurrent-turn slot: it has not started, and a daemon that
+    starts finds it so and runs it rather than count it as cut short."""
+    return NewEvent(TURN_QUEUED, agent_id, {"turn": turn})
+
+
+def turn_granted(agent_id: str, turn: int) -> NewEvent:
+    """Turn ``turn``, which waited, has its slot and starts."""
+    return NewEvent(TURN_GRANTED, agent_id, {"turn": turn})
 
 
 def turn_interrupted(

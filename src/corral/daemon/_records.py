@@ -39,6 +39,7 @@ class AgentRecord(TypedDict):
     children: list[str]
     turns: int
     turnInFlight: int | None
+    queuedTurn: NotRequired[int]  # the turn in flight, while it waits for a slot (not started)
     consecutiveFailures: int
     retriesUsed: int
     stallRecoveries: NotRequired[int]  # since its last completed turn (see _stall)

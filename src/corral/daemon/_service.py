@@ -280,6 +280,12 @@ class AgentService:
                         self.pauses(rec["id"]).waiting(True)
                     self._start_turn(rec["id"], self._adopt_turn(rec["id"], turn, harness))
                     continue
+                if rec.get("queuedTurn") == turn and rec["state"] == "running":
+                    # It waited for a slot when the last daemon died: it never started, so
+                    # it is run now, not counted as cut short.
+                    logger.info("agent %s: turn %d never started; running it", agent_id, turn)
+                    self._launch(agent_id, turn, _notices.resend_text(self.store.state, rec))
+                    continue
                 if harness is not None:
                     try:
                         if await harness.reap(rec["id"], self._state_dir(rec["id"])):
@@ -1158,7 +1164,27 @@ class AgentService:
         # The turn starts once one of the daemon's concurrent-turn slots is its.
         priority = _headcount.priority_of(self._spec(agent_id))
         work = functools.partial(self._run_turn, agent_id, turn, prompt)
-        self._start_turn(agent_id, self._slots.run(agent_id, priority, work))
+        on_wait = functools.partial(self._slot_wait, agent_id, turn)
+        self._start_turn(agent_id, self._slots.run(agent_id, priority, work, on_wait))
+
+    async def _slot_wait(self, agent_id: str, turn: int, waiting: bool) -> None:
+        """Write that the turn waits for a slot (``agent.turn_queued``), or has one after
+        waiting (``agent.turn_granted``): a daemon that starts then runs a turn that never
+        started, rather than count it as cut short. Not written, it is only counted so."""
+        try:
+            async with self._mutex:
+                rec = self.store.state.agents.get(agent_id)
+                if (
+                    self._closed
+                    or self._turns.get(agent_id) is not asyncio.current_task()
+                    or rec is None
+                    or rec["turnInFlight"] != turn
+                ):
+                    return
+                new = ev.turn_queued if waiting else ev.turn_granted
+                await self._commit([new(agent_id, turn)])
+        except StoreUnavailableError as exc:
+            logger.warning("agent %s: turn %d's slot wait not written: %s", agent_id, turn, exc)
 
     def _start_turn(self, agent_id: str, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` (a turn of the agent, to its outcome) as the agent's turn task."""

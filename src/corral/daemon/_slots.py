@@ -60,24 +60,40 @@ class TurnSlots:
         return sum(self._waiting.values())
 
     async def run(
-        self, agent_id: str, priority: Priority, work: Callable[[], Awaitable[None]]
+        self,
+        agent_id: str,
+        priority: Priority,
+        work: Callable[[], Awaitable[None]],
+        on_wait: Callable[[bool], Awaitable[None]] | None = None,
     ) -> None:
         """Run ``work()`` (a turn, started only then) once it has a slot; the slot is given
-        back when it ends, however it ends. Cancelled while waiting, the turn never starts."""
+        back when it ends, however it ends. Cancelled while waiting, the turn never starts.
+
+        ``on_wait(True)`` is awaited when the turn has to wait for a slot, and
+        ``on_wait(False)`` once it has one after waiting (a turn that gets one at once hears
+        nothing)."""
         if self._limit is None:
             await work()
             return
-        await self._acquire(agent_id, priority)
+        waited = await self._acquire(agent_id, priority, on_wait)
         try:
+            if waited and on_wait is not None:
+                await on_wait(False)
             await work()
         finally:
             self._release()
 
-    async def _acquire(self, agent_id: str, priority: Priority) -> None:
+    async def _acquire(
+        self,
+        agent_id: str,
+        priority: Priority,
+        on_wait: Callable[[bool], Awaitable[None]] | None,
+    ) -> bool:
+        """Take a slot, waiting for one if need be; whether it waited."""
         assert self._limit is not None
         if self._running < self._limit and not any(self._queues.values()):
             self._running += 1
-            return
+            return False
         queue = self._queues.setdefault(priority, deque())
         if not queue:
             # Back from nobody waiting: it starts at the current pass, no credit saved up.
@@ -87,6 +103,8 @@ class TurnSlots:
         queue.append(entry)
         self._waiting[agent_id] = self._waiting.get(agent_id, 0) + 1
         try:
+            if on_wait is not None:
+                await on_wait(True)
             await granted
         except BaseException:
             if granted.done() and not granted.cancelled():
@@ -97,6 +115,7 @@ class TurnSlots:
         finally:
             # Counted until its task runs again: a granted turn has not started before that.
             self._left(agent_id)
+        return True
 
     def _release(self) -> None:
         self._running -= 1

@@ -212,6 +212,7 @@ def _created(tx: Tx, event: Event) -> None:
 
 def _turn_started(tx: Tx, event: Event) -> None:
     rec = tx.agent(_agent_id(event))
+    rec.pop("queuedTurn", None)
     data = cast(TurnStartedData, event.data)
     rec["turnInFlight"] = data["turn"]
     rec["turns"] = data["turn"]
@@ -278,6 +279,7 @@ def _add_tree_usage(tx: Tx, rec: AgentRecord, usage: TurnUsage | None, *, turns:
 
 def _turn_completed(tx: Tx, event: Event) -> None:
     rec = tx.agent(_agent_id(event))
+    rec.pop("queuedTurn", None)
     data = cast(TurnEndedData, event.data)
     rec["turnInFlight"] = None
     rec["consecutiveFailures"] = 0
@@ -297,6 +299,7 @@ def _turn_completed(tx: Tx, event: Event) -> None:
 
 def _turn_failed(tx: Tx, event: Event) -> None:
     rec = tx.agent(_agent_id(event))
+    rec.pop("queuedTurn", None)
     data = cast(TurnEndedData, event.data)
     rec["turnInFlight"] = None
     rec["consecutiveFailures"] = data["consecutiveFailures"]
@@ -309,8 +312,20 @@ def _turn_failed(tx: Tx, event: Event) -> None:
     _add_to_session(tx, rec, [*said, _sessions.message("error", turn, data["error"], event.ts)])
 
 
+def _turn_queued(tx: Tx, event: Event) -> None:
+    rec = tx.agent(_agent_id(event))
+    turn = rec["turnInFlight"]
+    if turn is not None and turn == event.data.get("turn"):
+        rec["queuedTurn"] = turn
+
+
+def _turn_granted(tx: Tx, event: Event) -> None:
+    tx.agent(_agent_id(event)).pop("queuedTurn", None)
+
+
 def _turn_interrupted(tx: Tx, event: Event) -> None:
     rec = tx.agent(_agent_id(event))
+    rec.pop("queuedTurn", None)
     rec["turnInFlight"] = None
     rec["updatedAt"] = event.ts
     spent = event.data.get("usage")
@@ -529,6 +544,8 @@ _HANDLERS: dict[str, Callable[[Tx, Event], None]] = {
     ev.WORKDIR_RECREATED: _no_projection,
     ev.TURN_STALLED: _no_projection,
     ev.STALL_RECOVERY: _stall_recovery,
+    ev.TURN_QUEUED: _turn_queued,
+    ev.TURN_GRANTED: _turn_granted,
     ev.NOTICE: _notice,
     ev.NOTICES_DROPPED: _dropped,
     ev.DECISION_REQUESTED: _requested,
