@@ -543,3 +543,26 @@ async def test_an_agent_token_uses_the_served_mcp_endpoint_within_its_scope(
     assert refused.is_error
     assert refused.structured_content is not None
     assert refused.structured_content["error"]["code"] == "out_of_scope"
+
+
+def test_the_log_goes_to_stderr_as_it_is_when_a_line_is_logged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A handler bound to the stream of its day kept writing to a closed one after a test (or
+    # an embedding program) swapped stderr: "I/O operation on closed file" on every line.
+    import io
+    import logging
+
+    from corral.daemon._server import log_to_stderr
+
+    root = logging.getLogger("corral")
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(root, "level", root.level)
+    first = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    log_to_stderr()
+    first.close()
+    now = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", now)
+    logging.getLogger("corral.daemon").info("agent a_1: idle -> running")
+    assert now.getvalue().endswith("corral.daemon: agent a_1: idle -> running\n")

@@ -10,6 +10,7 @@ import math
 import os
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass, field
@@ -344,11 +345,27 @@ def log_to_stderr(level: int = logging.INFO) -> None:
     root = logging.getLogger("corral")
     if any(getattr(h, "_corral_stderr", False) for h in root.handlers):
         return
-    handler = logging.StreamHandler()
+    handler = _StderrHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
     handler._corral_stderr = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(level)
+
+
+class _StderrHandler(logging.StreamHandler[Any]):
+    """Writes to ``sys.stderr`` as it is when a line is logged, not as it was when the
+    handler was made: an embedding program (or a test) may replace and close streams."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass  # always sys.stderr
 
 
 def _shown_store(config: ServeConfig) -> str:
