@@ -418,7 +418,7 @@ class RecordingApi:
     async def __aexit__(self, *exc: object) -> None:
         return None
 
-    async def list_agents(self) -> list[Any]:
+    async def list_agents(self, **filters: Any) -> list[Any]:
         return []
 
 

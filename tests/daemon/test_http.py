@@ -570,10 +570,10 @@ async def test_unknown_route_and_method_are_json_404_and_405(front: FrontDoor) -
 async def test_an_unexpected_exception_is_a_bare_500_and_is_logged(
     front: FrontDoor, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def broken() -> list[dict[str, Any]]:
+    def broken(**query: Any) -> dict[str, Any]:
         raise RuntimeError("secret internals at /srv/x")
 
-    monkeypatch.setattr(front.service, "list_agents", broken)
+    monkeypatch.setattr(front.service, "list_page", broken)
     with caplog.at_level(logging.ERROR, logger="corral.daemon.http"):
         async with front.client() as client:
             response = await client.get("/agents")

@@ -33,9 +33,17 @@ def spawn(
     )
 
 
-def agents(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Every agent, as a table."""
-    found = call(target(ctx), lambda api: api.list_agents())
+def agents(
+    ctx: typer.Context,
+    as_json: JsonOpt = False,
+    state_: Annotated[str | None, typer.Option("--state", help="Only in this state.")] = None,
+    run: Annotated[str | None, typer.Option(help="Only of this run.")] = None,
+    parent: Annotated[str | None, typer.Option(help="Only this agent's children.")] = None,
+    name: Annotated[str | None, typer.Option(help="Only of this name.")] = None,
+) -> None:
+    """Every agent (summaries, every page), as a table; `corral show ID` for one in full."""
+    filters = {"state": state_, "run": run, "parent": parent, "name": name}
+    found = call(target(ctx), lambda api: api.list_agents(**filters))
     if as_json:
         print_json(found)
         return

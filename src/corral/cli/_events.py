@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+from collections import deque
 from contextlib import suppress
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -26,6 +27,14 @@ def events(
         int | None, typer.Option(min=0, help="Only events with a greater seq.")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object a line.")] = False,
+    types: Annotated[
+        list[str] | None,
+        typer.Option("--type", "-t", help="Only events of this type (repeat it, or a, b)."),
+    ] = None,
+    run: Annotated[str | None, typer.Option(help="Only events of this run's agents.")] = None,
+    tail: Annotated[
+        int | None, typer.Option(min=1, help="Only the last N (matching) events.")
+    ] = None,
 ) -> None:
     """The event log; with --follow, then live events (resumes across reconnects)."""
     conn = target(ctx)
@@ -47,6 +56,7 @@ def events(
         # One line an event; --json has every field in full.
         console.print(line, no_wrap=True, overflow="ellipsis", crop=True)
 
+    wanted = {t.strip() for value in types or () for t in value.split(",")}
     if follow:
         from corral.daemon._client import follow_events
 
@@ -54,7 +64,9 @@ def events(
             async for event in follow_events(
                 conn.url, after, agent, token=conn.token, max_reconnects=None
             ):
-                emit(event)
+                # --follow filters --type here (the stream itself is not filtered).
+                if not wanted or event.type in wanted:
+                    emit(event)
 
         with refusals(), suppress(KeyboardInterrupt):
             asyncio.run(stream())
@@ -62,12 +74,18 @@ def events(
 
     async def page_all(api: "HttpApi") -> None:
         cursor = after or 0
+        last: deque[Any] = deque(maxlen=tail)  # --tail: only the last N are printed
         while True:
-            page = await api.events(cursor, agent)
+            page, scanned = await api.events_page(cursor, agent, types=types or (), run=run)
             for event in page:
-                emit(event)
-                cursor = event.seq
-            if len(page) < 1000:
-                return
+                if tail is None:
+                    emit(event)
+                else:
+                    last.append(event)
+            if scanned <= cursor:
+                break
+            cursor = scanned
+        for event in last:
+            emit(event)
 
     call(conn, page_all)

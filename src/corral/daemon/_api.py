@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from corral.daemon import _approvals
+from corral.daemon import _approvals, _listing
 from corral.daemon._approvals import Verdict
 from corral.daemon._auth import Caller
 from corral.daemon._client import page_args, spec_mapping
@@ -77,7 +77,17 @@ class AgentApi(Protocol):
         idempotency_key: str | None = None,
     ) -> Json: ...
 
-    async def list_agents(self) -> list[Json]: ...
+    async def list_agents(self, **filters: str | None) -> list[Json]:
+        """Every agent's summary matching ``filters`` (``state``, ``run``, ``parent``,
+        ``name``), oldest first: :meth:`list_page` followed to its last page."""
+        ...
+
+    async def list_page(
+        self, limit: int | None = None, cursor: str | None = None, **filters: str | None
+    ) -> Json:
+        """One page of agent summaries: ``{"agents", "nextCursor"}`` (None: the last page);
+        see :mod:`corral.daemon._listing`."""
+        ...
 
     async def inbox(self, agent_id: str) -> list[Json]: ...
 
@@ -333,8 +343,25 @@ class ScopedService:
             run_id, by=by, why=why, idempotency_key=idempotency_key, note=note
         )
 
-    def list_agents(self) -> list[Json]:
-        return self._mine(self.service.list_agents(), "id")
+    def list_page(
+        self,
+        *,
+        limit: int = _listing.DEFAULT_LIMIT,
+        cursor: str | None = None,
+        state: str | None = None,
+        run: str | None = None,
+        parent: str | None = None,
+        name: str | None = None,
+    ) -> Json:
+        """A page of summaries (see :mod:`._listing`); an agent's token sees its subtree."""
+        self.check_live()
+        filters = {
+            "state": _listing.check_filter("state", state),
+            "run": _listing.check_filter("run", run),
+            "parent": _listing.check_filter("parent", parent),
+            "name": _listing.check_filter("name", name),
+        }
+        return self.service.list_page(within=self.principal, limit=limit, cursor=cursor, **filters)
 
     def inbox(self, agent_id: str) -> list[Json]:
         self.check(agent_id)
@@ -701,8 +728,21 @@ class LocalApi:
         result = await self._scope.stop_run(run_id, by=by, why=why, idempotency_key=idempotency_key)
         return result.body
 
-    async def list_agents(self) -> list[Json]:
-        return self._scope.list_agents()
+    async def list_agents(self, **filters: str | None) -> list[Json]:
+        found: list[Json] = []
+        cursor = None
+        while True:
+            page = self._scope.list_page(limit=_listing.MAX_LIMIT, cursor=cursor, **filters)
+            found += page["agents"]
+            cursor = page["nextCursor"]
+            if cursor is None:
+                return found
+
+    async def list_page(
+        self, limit: int | None = None, cursor: str | None = None, **filters: str | None
+    ) -> Json:
+        limit = _listing.DEFAULT_LIMIT if limit is None else limit
+        return self._scope.list_page(limit=limit, cursor=cursor, **filters)
 
     async def inbox(self, agent_id: str) -> list[Json]:
         v.non_empty_str("inbox", "agent_id", agent_id)

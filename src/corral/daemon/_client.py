@@ -5,7 +5,7 @@ for its event stream, and the errors its answers stand for."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -279,8 +279,26 @@ class HttpApi:
         v.non_empty_str("get", "agent_id", agent_id)
         return dict(await self._call("GET", f"/agents/{_seg(agent_id)}"))
 
-    async def list_agents(self) -> list[Json]:
-        return _items(await self._call("GET", "/agents"), "agents")
+    async def list_agents(self, **filters: str | None) -> list[Json]:
+        found: list[Json] = []
+        cursor = None
+        while True:
+            page = await self.list_page(1000, cursor, **filters)
+            found += _items(page, "agents")
+            cursor = page.get("nextCursor")
+            if not cursor:
+                return found
+
+    async def list_page(
+        self, limit: int | None = None, cursor: str | None = None, **filters: str | None
+    ) -> Json:
+        query = _command({"limit": limit, "cursor": cursor, **filters})
+        answer = await self._call("GET", "/agents", params=query)
+        if not isinstance(answer, dict):
+            raise RemoteError(
+                "bad_answer", f"expected a page of agents, got {answer!r:.200}", status=200
+            )
+        return answer
 
     async def run(self, run_id: str) -> Json:
         v.non_empty_str("run", "run_id", run_id)
@@ -435,6 +453,31 @@ class HttpApi:
         query = _command({"format": "json", "after": after, "agent": agent, "limit": limit})
         answer = await self._call("GET", "/events?" + urlencode(query))
         return [_event_of(item) for item in _items(answer, "events")]
+
+    async def events_page(
+        self,
+        after: int = 0,
+        agent: str | None = None,
+        limit: int = 1000,
+        *,
+        types: Sequence[str] = (),
+        run: str | None = None,
+    ) -> tuple[list[Event], int]:
+        """One page of the events of ``types`` (all: empty) and ``run``: up to ``limit``
+        with ``seq > after``, and the seq the daemon read up to (the next page's ``after``;
+        a filtered page may hold fewer than ``limit`` events and not be the last)."""
+        page_args(after, agent, limit)
+        query = _command(
+            {"format": "json", "after": after, "agent": agent, "limit": limit, "run": run}
+        )
+        if types:
+            query["type"] = ",".join(types)
+        answer = await self._call("GET", "/events?" + urlencode(query))
+        events = [_event_of(item) for item in _items(answer, "events")]
+        scanned = answer.get("scannedTo") if isinstance(answer, dict) else None
+        if not isinstance(scanned, int):  # a daemon before ?type=: its last event
+            scanned = events[-1].seq if events else after
+        return events, scanned
 
 
 def _seg(agent_id: str) -> str:

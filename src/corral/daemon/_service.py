@@ -29,6 +29,7 @@ from corral.daemon import (
     _commands,
     _decisions,
     _headcount,
+    _listing,
     _notices,
     _queries,
     _retention,
@@ -356,11 +357,28 @@ class AgentService:
     def list_agents(self) -> list[Json]:
         return [self._shown(r) for r in self.store.state.agents.values()]
 
+    def list_page(self, *, within: str | None = None, **query: Any) -> Json:
+        """``GET /agents``: ``{"agents": [summary...], "nextCursor"}``, one page of the
+        agents matching ``query`` (see :func:`._listing.page`); ``within``: only that agent
+        and its descendants."""
+        records: Iterable[AgentRecord] = self.store.state.agents.values()
+        if within is not None:
+            records = [r for r in records if self.in_scope(within, r["id"])]
+        found, after = _listing.page(records, **query)
+        shown = [_listing.summary(r, queued=self._queued(r["id"])) for r in found]
+        return {"agents": shown, "nextCursor": after}
+
+    def _queued(self, agent_id: str) -> bool:
+        # A turn waiting for one of the daemon's concurrent-turn slots.
+        return self._slots.limit is not None and bool(self._slots.waiting(agent_id))
+
     def _shown(self, rec: AgentRecord) -> Json:
-        # A turn waiting for one of the daemon's concurrent-turn slots: ``queued``.
-        if self._slots.limit is not None and self._slots.waiting(rec["id"]):
-            return {**rec, "queued": True}
-        return dict(rec)
+        # A turn waiting for one of the daemon's concurrent-turn slots: ``queued``. The
+        # spec's env values are secrets: only their names are shown (see _listing).
+        shown = _listing.redact(rec)
+        if self._queued(rec["id"]):
+            shown["queued"] = True
+        return shown
 
     def session(self, agent_id: str) -> Json:
         """The agent's session: ``{"agentId", "history", "messages"}``, oldest first (see
@@ -464,7 +482,7 @@ class AgentService:
             assert created is not None
             self._workdir(agent_id).mkdir(parents=True, exist_ok=True)
             self._state_dir(agent_id).mkdir(parents=True, exist_ok=True)
-            result = CommandResult(201, dict(created))
+            result = CommandResult(201, _listing.redact(created))  # no env values served
             # The preempted turn is cancelled first, as stop does, so that what it had spent
             # is known when its agent.turn_interrupted is written.
             await self._preempted(paused, cancel)

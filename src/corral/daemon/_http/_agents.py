@@ -12,8 +12,10 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import Field
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
+from corral.daemon import _listing
 from corral.daemon._api import ScopedService
 from corral.daemon._errors import InvalidRequestError, InvalidSpecError
+from corral.daemon._events import Event
 from corral.daemon._http._common import (
     ApiRoute,
     RequestBody,
@@ -130,8 +132,23 @@ async def spawn(request: Request) -> JSONResponse:
     return command_response(result, location)
 
 
-async def list_agents(request: Request) -> JSONResponse:
-    return JSONResponse({"agents": api_of(request).list_agents()})
+async def list_agents(
+    request: Request,
+    limit: Annotated[
+        int, Query(ge=1, le=_listing.MAX_LIMIT, description="Agents per page (default 100)")
+    ] = _listing.DEFAULT_LIMIT,
+    cursor: Annotated[
+        str | None, Query(min_length=1, description="The nextCursor of the previous page")
+    ] = None,
+    state: Annotated[str | None, Query(min_length=1, description="Only in this state")] = None,
+    run: Annotated[str | None, Query(min_length=1, description="Only of this run")] = None,
+    parent: Annotated[str | None, Query(min_length=1, description="Only its children")] = None,
+    name: Annotated[str | None, Query(min_length=1, description="Only of this name")] = None,
+) -> JSONResponse:
+    page = api_of(request).list_page(
+        limit=limit, cursor=cursor, state=state, run=run, parent=parent, name=name
+    )
+    return JSONResponse(page)
 
 
 async def get_agent(agent_id: str, request: Request) -> JSONResponse:
@@ -190,6 +207,11 @@ async def events(
     request: Request,
     after: Annotated[int | None, Query(ge=0, description="Only events with a greater seq")] = None,
     agent: Annotated[str | None, Query(min_length=1, description="Only this agent's")] = None,
+    types: Annotated[
+        list[str] | None,
+        Query(alias="type", description="Only these types (repeat it, or a comma list)"),
+    ] = None,
+    run: Annotated[str | None, Query(min_length=1, description="Only this run's agents'")] = None,
     fmt: Annotated[Literal["sse", "json"], Query(alias="format")] = "sse",
     limit: Annotated[int, Query(ge=1, le=EVENTS_PAGE, description="format=json only")] = (
         EVENTS_PAGE
@@ -215,23 +237,74 @@ async def events(
     api.check_events(agent)
     if agent is not None:
         api.service.get(agent)  # 404 for an unknown agent
+    wanted = _Wanted(api, _listing.event_types(types), _listing.check_filter("run", run))
     if fmt == "json":
-        page = await api.events(start, agent, limit)
+        page, scanned = await _filtered_page(api, start, agent, limit, wanted)
         return JSONResponse(
-            {"events": [e.to_dict() for e in page], "lastSeq": api.service.store.state.last_seq}
+            {
+                "events": [_listing.redact_event(e.to_dict()) for e in page],
+                "lastSeq": api.service.store.state.last_seq,
+                # Where the next page starts (?after=): past what was read, matching or not.
+                "scannedTo": scanned,
+            }
         )
     return EventSourceResponse(
-        _stream(api, start, agent),
+        _stream(api, start, agent, wanted),
         ping=request.app.state.heartbeat_s,
         ping_message_factory=lambda: ServerSentEvent(comment="heartbeat"),
     )
 
 
-async def _stream(api: ScopedService, after: int, agent: str | None) -> AsyncIterator[Any]:
+class _Wanted:
+    """The ``?type=`` and ``?run=`` filters of an event read."""
+
+    def __init__(self, api: ScopedService, types: frozenset[str] | None, run: str | None):
+        self.agents = api.service.store.state.agents
+        self.types = types
+        self.run = run
+
+    @property
+    def everything(self) -> bool:
+        return self.types is None and self.run is None
+
+    def __call__(self, event: Event) -> bool:
+        return _listing.event_matches(self.agents, event.type, event.agent_id, self.types, self.run)
+
+
+_SCAN_PAGES = 20  # a filtered page reads at most this many pages of the log, then answers
+
+
+async def _filtered_page(
+    api: ScopedService, start: int, agent: str | None, limit: int, wanted: _Wanted
+) -> tuple[list[Event], int]:
+    """Up to ``limit`` matching events after ``start``, and the seq read up to."""
+    if wanted.everything:
+        page = await api.events(start, agent, limit)
+        return page, page[-1].seq if page else start
+    found: list[Event] = []
+    scanned = start
+    for _ in range(_SCAN_PAGES):
+        page = await api.events(scanned, agent, EVENTS_PAGE)
+        for event in page:
+            scanned = event.seq
+            if wanted(event):
+                found.append(event)
+                if len(found) == limit:
+                    return found, scanned
+        if len(page) < EVENTS_PAGE:
+            break
+    return found, scanned
+
+
+async def _stream(
+    api: ScopedService, after: int, agent: str | None, wanted: _Wanted
+) -> AsyncIterator[Any]:
     async with aclosing(api.subscribe(after, agent)) as stream:
         async for event in stream:
+            if not wanted(event):
+                continue
             yield ServerSentEvent(
-                data=json.dumps(event.to_dict(), separators=(",", ":")),
+                data=json.dumps(_listing.redact_event(event.to_dict()), separators=(",", ":")),
                 id=str(event.seq),
                 event=event.type,
             )
@@ -272,7 +345,13 @@ ROUTES = [
         body=SpawnBody,
         body_required=True,
     ),
-    ApiRoute("GET", "/agents", list_agents, "Every agent", responses=errors(401)),
+    ApiRoute(
+        "GET",
+        "/agents",
+        list_agents,
+        "Agent summaries, oldest first, a page at a time (follow nextCursor)",
+        responses=errors(401, 403, 422),
+    ),
     ApiRoute("GET", "/agents/{agent_id}", get_agent, "One agent", responses=errors(401, 403, 404)),
     body_route(
         "PATCH",

@@ -126,7 +126,12 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     for error in exc.errors():
         where, *path = error["loc"] or ("request",)
         field = ".".join(str(p) for p in path) or str(where)
-        problems.append({"field": field, "in": str(where), "message": error["msg"]})
+        message = error["msg"]
+        if where == "query" and isinstance(error.get("input"), str):
+            # A query value is short text the caller typed: say which one was refused.
+            seen = error["input"]
+            message += f", got {seen if len(seen) <= 40 else seen[:40] + '...'!r}"
+        problems.append({"field": field, "in": str(where), "message": message})
     return error_response(InvalidRequestError(problems))
 
 

@@ -146,6 +146,17 @@ class NoArgs(Args):
     pass
 
 
+class ListArgs(Args):
+    limit: int = Field(default=100, ge=1, le=1000, description="Agents per page.")
+    cursor: str | None = Field(
+        default=None, min_length=1, description="The nextCursor of the previous page."
+    )
+    state: str | None = Field(default=None, min_length=1, description="Only in this state.")
+    run: str | None = Field(default=None, min_length=1, description="Only of this run (runId).")
+    parent: str | None = Field(default=None, min_length=1, description="Only its children.")
+    name: str | None = Field(default=None, min_length=1, description="Only of this name.")
+
+
 _TARGET = Field(
     default=None,
     min_length=1,
@@ -302,8 +313,9 @@ async def _status(api: AgentApi, a: AgentArgs) -> dict[str, Any]:
     return await api.get(a.agent_id)
 
 
-async def _list(api: AgentApi, a: NoArgs) -> dict[str, Any]:
-    return {"agents": await api.list_agents()}
+async def _list(api: AgentApi, a: ListArgs) -> dict[str, Any]:
+    filters = {"state": a.state, "run": a.run, "parent": a.parent, "name": a.name}
+    return await api.list_page(a.limit, a.cursor, **filters)
 
 
 async def _inbox(api: AgentApi, a: AgentArgs) -> dict[str, Any]:
@@ -440,8 +452,10 @@ TOOLS: tuple[Tool, ...] = (
     Tool(
         "agent_list",
         "List agents",
-        'Every agent\'s record, as {"agents": [...]}.',
-        NoArgs,
+        "Agent summaries (state, reason, turns, parent, usage; no output: see agent_status), "
+        'oldest first, as {"agents": [...], "nextCursor"}: pass nextCursor back as cursor '
+        "for the next page (null: the last). Filters: state, run, parent, name.",
+        ListArgs,
         _list,
         read_only=True,
         idempotent=True,
