@@ -38,6 +38,13 @@ class InvalidRequestError(InvalidSpecError):
         super().__init__(problems, what)
 
 
+class InvalidQueryError(InvalidRequestError):
+    """A list's query value is refused (``?limit=``, ``?cursor=``, a filter): each problem
+    names the parameter, the bound and the value seen (HTTP 422)."""
+
+    code = "invalid_query"
+
+
 class GuardrailsFileError(InvalidSpecError):
     """The daemon-wide guardrails file (``corral serve --guardrails FILE``) cannot be used:
     it is missing, unreadable, not JSON, or holds invalid rules; ``problems`` lists them and

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from corral.daemon._errors import InvalidRequestError
+from corral.daemon._errors import InvalidQueryError
 from corral.daemon._records import AgentRecord
 
 Json = dict[str, Any]
@@ -94,8 +94,8 @@ def summary(rec: Mapping[str, Any], *, queued: bool = False) -> Json:
 # --- paging -----------------------------------------------------------------------------------
 
 
-def _bad(field: str, message: str) -> InvalidRequestError:
-    return InvalidRequestError([{"field": field, "in": "query", "message": message}], "agent list")
+def _bad(field: str, message: str) -> InvalidQueryError:
+    return InvalidQueryError([{"field": field, "in": "query", "message": message}], "query")
 
 
 def _shown(value: str) -> str:
@@ -121,7 +121,7 @@ def encode_cursor(rec: Mapping[str, Any]) -> str:
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    """The position a cursor names; ``InvalidRequestError`` (field ``cursor``) for one this
+    """The position a cursor names; ``InvalidQueryError`` (field ``cursor``) for one this
     daemon did not make."""
     if len(cursor) > _MAX_CURSOR:
         raise _bad("cursor", f"must be at most {_MAX_CURSOR} characters, got {_shown(cursor)}")
@@ -138,15 +138,19 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
 
 
 def check_limit(limit: Any) -> int:
-    """``limit`` as an int in 1..MAX_LIMIT (``InvalidRequestError`` naming the bound and the
-    value seen otherwise)."""
+    """``limit`` (an int, or its decimal text from a query) as an int in 1..MAX_LIMIT
+    (``InvalidQueryError`` naming the bound and the value seen otherwise)."""
+    if isinstance(limit, str) and limit.isascii() and limit.isdigit() and len(limit) <= 6:
+        limit = int(limit)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        if isinstance(limit, str):
+            raise _bad("limit", f"must be an integer from 1 to {MAX_LIMIT}, got {_shown(limit)}")
         raise _bad("limit", f"must be an integer from 1 to {MAX_LIMIT}, got {limit!r}")
     return limit
 
 
 def check_filter(field: str, value: str | None) -> str | None:
-    """A filter value as given (None: no filter); ``InvalidRequestError`` for an empty or
+    """A filter value as given (None: no filter); ``InvalidQueryError`` for an empty or
     oversized one."""
     if value is None:
         return None
@@ -194,7 +198,7 @@ _MAX_TYPES = 50
 
 def event_types(raw: Iterable[str] | None) -> frozenset[str] | None:
     """``?type=`` values, each one type or a comma list, as a set (None: every type);
-    ``InvalidRequestError`` for an empty or oversized one."""
+    ``InvalidQueryError`` for an empty or oversized one."""
     if not raw:
         return None
     types = {t.strip() for value in raw for t in value.split(",")}

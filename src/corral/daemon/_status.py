@@ -14,6 +14,7 @@ STATUS: dict[str, int] = {
     "daemon_error": 400,
     "invalid_spec": 400,
     "invalid_request": 400,
+    "invalid_query": 422,
     "invalid_guardrails_file": 400,
     "unstorable_value": 400,
     "nothing_to_send": 400,

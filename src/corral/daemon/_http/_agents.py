@@ -134,19 +134,24 @@ async def spawn(request: Request) -> JSONResponse:
 
 async def list_agents(
     request: Request,
+    # Taken as text and checked by _listing, so that every refusal is one typed 422
+    # (invalid_query) naming the parameter, the bound and the value seen.
     limit: Annotated[
-        int, Query(ge=1, le=_listing.MAX_LIMIT, description="Agents per page (default 100)")
-    ] = _listing.DEFAULT_LIMIT,
-    cursor: Annotated[
-        str | None, Query(min_length=1, description="The nextCursor of the previous page")
+        str | None, Query(description="Agents per page: an integer from 1 to 1000 (100)")
     ] = None,
-    state: Annotated[str | None, Query(min_length=1, description="Only in this state")] = None,
-    run: Annotated[str | None, Query(min_length=1, description="Only of this run")] = None,
-    parent: Annotated[str | None, Query(min_length=1, description="Only its children")] = None,
-    name: Annotated[str | None, Query(min_length=1, description="Only of this name")] = None,
+    cursor: Annotated[str | None, Query(description="The nextCursor of the previous page")] = None,
+    state: Annotated[str | None, Query(description="Only in this state")] = None,
+    run: Annotated[str | None, Query(description="Only of this run")] = None,
+    parent: Annotated[str | None, Query(description="Only its children")] = None,
+    name: Annotated[str | None, Query(description="Only of this name")] = None,
 ) -> JSONResponse:
     page = api_of(request).list_page(
-        limit=limit, cursor=cursor, state=state, run=run, parent=parent, name=name
+        limit=_listing.DEFAULT_LIMIT if limit is None else _listing.check_limit(limit),
+        cursor=cursor,
+        state=state,
+        run=run,
+        parent=parent,
+        name=name,
     )
     return JSONResponse(page)
 
