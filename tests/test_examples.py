@@ -82,6 +82,23 @@ def test_make_run_team_shows_each_policy(tmp_path: Path) -> None:
             )
             return {a["name"]: a for a in json.loads(done.stdout)}
 
+        def cli_of(url: str) -> list[str]:
+            return [sys.executable, "-m", "corral.cli", "--url", url]
+
+        def shown(agent: dict[str, object]) -> dict[str, object]:
+            # The list holds summaries: an agent's output and prompt are in its full record.
+            done = subprocess.run(
+                [*cli_of(url), "show", str(agent["id"]), "--json"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+                check=True,
+                env=env,
+                cwd=tmp_path,
+            )
+            record: dict[str, object] = json.loads(done.stdout)
+            return record
+
         def settled(found: dict[str, dict[str, object]]) -> bool:
             # The coordinator was woken twice: by its counter's hold, then by its "done".
             resolved = [
@@ -110,7 +127,7 @@ def test_make_run_team_shows_each_policy(tmp_path: Path) -> None:
         assert found["fetcher"]["turns"] == 2  # failed once, retried
         # The coordinator resolved its held counter with no one's help: the gateway's "did
         # you mean orders?" in the counter's error became the correction it was prompted with.
-        counter, coordinator = found["counter"], found["coordinator"]
+        counter, coordinator = shown(found["counter"]), shown(found["coordinator"])
         assert counter["lastOutput"] == "counter: 6 refunded orders in table orders\n"
         assert counter["lastPrompt"] == "count the refunded orders: the table is called orders"
         assert "counter reported: counter: 6 refunded orders" in str(coordinator["lastOutput"])
@@ -128,7 +145,7 @@ def test_make_run_team_shows_each_policy(tmp_path: Path) -> None:
         assert "gateway_frozen" in decisions.stdout
         auditor = str(found["auditor"]["id"])
         assert auditor in decisions.stdout
-        assert "the gateway stopped me: agent_frozen" in str(found["auditor"]["lastOutput"])
+        assert "the gateway stopped me: agent_frozen" in str(shown(found["auditor"])["lastOutput"])
         reinstated = subprocess.run(
             [
                 sys.executable,
@@ -178,7 +195,7 @@ def test_make_run_team_shows_each_policy(tmp_path: Path) -> None:
         assert approved.stdout.strip() == f"{approval['id']}: approve recorded"
         while time.monotonic() < deadline + 40 and agents()["releaser"]["state"] != "idle":
             time.sleep(0.1)
-        done = agents()["releaser"]
+        done = shown(agents()["releaser"])
         assert (done["state"], done["lastOutput"]) == ("idle", "web 2.4 is live\n")
         (answered,) = [
             d

@@ -96,7 +96,9 @@ def corral(*args: str) -> str:
 
 def coordinate(agent: str) -> int:
     me = os.environ["CORRAL_AGENT_ID"]
-    children = [a for a in json.loads(corral("agents", "--json")) if a.get("parent") == me]
+    # The list holds summaries (no output): each child's record in full comes from `show`.
+    listed = json.loads(corral("agents", "--parent", me, "--json"))
+    children = [json.loads(corral("show", a["id"], "--json")) for a in listed]
     for child in children:
         error = child.get("lastError") or ""
         suggested = re.search(r"did you mean ([\w.]+)", error)
