@@ -56,7 +56,7 @@ async def test_a_lone_surrogate_in_a_spawn_is_refused_and_creates_nothing(
         assert "lone surrogates (U+D800)" in found["prompt"]
         listed = await client.get("/agents")
     assert listed.status_code == 200
-    assert listed.json() == {"agents": []}
+    assert listed.json() == {"agents": [], "nextCursor": None}
     assert front.harness.requests == []
 
 
