@@ -125,7 +125,7 @@ async def test_query_and_path_parameters_are_checked(front: FrontDoor) -> None:
     ("path", "params"),
     [
         ("/healthz", {"verbose": "1"}),
-        ("/agents", {"state": "idle"}),
+        ("/agents", {"status": "idle"}),
         ("/events", {"format": "json", "formt": "json"}),
         ("/decisions", {"resolve": "true"}),
         ("/gateway", {"x": ""}),
