@@ -608,10 +608,7 @@ class AgentService:
         that stop it (``run``: as part of stopping that run). Call with the mutex held,
         then commit them, then :meth:`_stopped`."""
         agent_id = rec["id"]
-        task = self._turns.pop(agent_id, None)
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await self._cancel_turn(agent_id)
         self._stalls.forget(agent_id)
         events: list[NewEvent] = []
         if rec["turnInFlight"] is not None:
@@ -1354,9 +1351,7 @@ class AgentService:
                 )
                 self._stalls.look_again(agent_id, turn, wait_s)
                 return
-            self._turns.pop(agent_id, None)
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await self._cancel_turn(agent_id)
             self._stalls.recovered(agent_id)
             withdrawn = self._withdraw(agent_id, f"turn {turn} stalled", turn=turn)
             step = _stall.recover(
@@ -1540,8 +1535,13 @@ class AgentService:
         """Cancel the turn of agent ``agent_id``, which is being paused, when ``cancel``
         (:meth:`_pausing` says; its interruption is written next, with what the turn had
         spent). Call with the mutex held."""
-        if agent_id is None or not cancel:
-            return
+        if agent_id is not None and cancel:
+            await self._cancel_turn(agent_id)
+
+    async def _cancel_turn(self, agent_id: str) -> None:
+        """Cancel the agent's turn task, if it has one, and wait until it has ended (its
+        process killed, what it spent told: see :meth:`_spent_by`); its outcome is never
+        written by it (see :meth:`_settle_turn`). Call with the mutex held."""
         task = self._turns.pop(agent_id, None)
         if task is not None:
             task.cancel()
