@@ -349,8 +349,7 @@ def resume_events(
         )
     else:
         # The cancelled turn again, with the notices it carried and those queued since.
-        carried = [state.notices[i] for i in rec.get("lastNotices", []) if i in state.notices]
-        notices = carried + _notices.pending(state, agent_id)
+        notices = _notices.carried(state, rec) + _notices.pending(state, agent_id)
         ids = [n["id"] for n in notices]
         prompt = _notices.with_notices(rec["lastPrompt"], notices)
         started = ev.turn_started(

@@ -51,12 +51,16 @@ def pending(state: State, agent_id: str) -> list[Notice]:
     )
 
 
+def carried(state: State, rec: AgentRecord) -> list[Notice]:
+    """The notices the agent's last turn carried in front of its prompt."""
+    notices = state.notices
+    return [notices[i] for i in rec.get("lastNotices", []) if i in notices]
+
+
 def resend_text(state: State, rec: AgentRecord) -> str:
     """What a retry sends: the failed turn's prompt with the notices it carried."""
-    notices = state.notices
-    carried = [notices[i] for i in rec.get("lastNotices", []) if i in notices]
     assert rec["lastPrompt"] is not None
-    return with_notices(rec["lastPrompt"], carried)
+    return with_notices(rec["lastPrompt"], carried(state, rec))
 
 
 def with_notices(prompt: str, notices: Sequence[Notice]) -> str:
