@@ -33,6 +33,8 @@ from tests.support.serve_process import (
     ServeProcess,
     wait_for,
 )
+from tests.support.serve_process import agent_record as agent
+from tests.support.serve_process import until_state as until
 
 CHECK = shlex.join([*CLI, "check"])
 # A shell worker that asks before it acts: the action comes from its spec's env, and what
@@ -90,24 +92,6 @@ def worker(api: httpx.Client, action: str, *rules: dict[str, Any], **spec: Any) 
         guardrails=list(rules),
         **spec,
     )
-
-
-def agent(api: httpx.Client, agent_id: str) -> dict[str, Any]:
-    answer = api.get(f"/agents/{agent_id}")
-    assert answer.status_code == 200, answer.text
-    found: dict[str, Any] = answer.json()
-    return found
-
-
-def until(api: httpx.Client, agent_id: str, *states: str) -> dict[str, Any]:
-    """The agent's record once it is in one of ``states``."""
-
-    def reached() -> dict[str, Any] | None:
-        rec = agent(api, agent_id)
-        return rec if rec["state"] in states else None
-
-    found: dict[str, Any] = wait_for(reached, f"agent {agent_id} to be {'/'.join(states)}")
-    return found
 
 
 def decisions(api: httpx.Client, agent_id: str, *, resolved: bool = False) -> list[dict[str, Any]]:

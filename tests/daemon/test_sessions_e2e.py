@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.support.serve_process import CLI, WAIT_BOUND_S, ServeProcess, wait_for
+from tests.support.serve_process import until_state as until
 
 WORKER = [sys.executable, str(Path(__file__).with_name("workers") / "session_worker.py")]
 
@@ -37,15 +38,6 @@ def spawn(api: httpx.Client, **spec: Any) -> str:
     answer = api.post("/agents", json={"harness": "command", "command": WORKER, **spec})
     assert answer.status_code == 201, answer.text
     return str(answer.json()["id"])
-
-
-def until(api: httpx.Client, agent_id: str, *states: str) -> dict[str, Any]:
-    def reached() -> dict[str, Any] | None:
-        rec: dict[str, Any] = api.get(f"/agents/{agent_id}").json()
-        return rec if rec["state"] in states else None
-
-    found: dict[str, Any] = wait_for(reached, f"agent {agent_id} to be {'/'.join(states)}")
-    return found
 
 
 def session(api: httpx.Client, agent_id: str) -> list[dict[str, Any]]:

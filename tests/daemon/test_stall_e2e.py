@@ -10,7 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.serve_process import ServeProcess, wait_for
+from tests.support.serve_process import ServeProcess
+from tests.support.serve_process import until_state as _in_state
 
 # Each attempt counts itself in its working directory; the first two sleep without a sign of
 # life, the third beats every 0.2 s for 1.2 s (longer than heartbeatS) and finishes.
@@ -28,22 +29,6 @@ pytestmark = pytest.mark.timeout(60)  # the daemon takes seconds to start on a l
 def api(tmp_path: Any) -> Iterator[httpx.Client]:
     with ServeProcess(tmp_path) as served, served.client() as client:
         yield client
-
-
-def _agent(api: httpx.Client, agent_id: str) -> dict[str, Any]:
-    answer = api.get(f"/agents/{agent_id}")
-    assert answer.status_code == 200, answer.text
-    found: dict[str, Any] = answer.json()
-    return found
-
-
-def _in_state(api: httpx.Client, agent_id: str, *states: str) -> dict[str, Any]:
-    def reached() -> dict[str, Any] | None:
-        rec = _agent(api, agent_id)
-        return rec if rec["state"] in states else None
-
-    found: dict[str, Any] = wait_for(reached, f"agent {agent_id} to be {'/'.join(states)}")
-    return found
 
 
 def _events(api: httpx.Client, agent_id: str, *types: str) -> list[dict[str, Any]]:

@@ -143,3 +143,22 @@ class ServeProcess:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def agent_record(api: httpx.Client, agent_id: str) -> dict[str, Any]:
+    """``GET /agents/{id}`` of a daemon under test (asserting it answers 200)."""
+    answer = api.get(f"/agents/{agent_id}")
+    assert answer.status_code == 200, answer.text
+    found: dict[str, Any] = answer.json()
+    return found
+
+
+def until_state(api: httpx.Client, agent_id: str, *states: str) -> dict[str, Any]:
+    """The agent's record once it is in one of ``states`` (within :data:`WAIT_BOUND_S`)."""
+
+    def reached() -> dict[str, Any] | None:
+        rec = agent_record(api, agent_id)
+        return rec if rec["state"] in states else None
+
+    found: dict[str, Any] = wait_for(reached, f"agent {agent_id} to be {'/'.join(states)}")
+    return found
