@@ -72,6 +72,15 @@ def serve(
             "slots by their agents' priority (critical first, then weighted shares).",
         ),
     ] = None,
+    turn_log_bytes: Annotated[
+        int | None,
+        typer.Option(
+            "--turn-log-bytes",
+            min=1024,
+            help="Keep each turn's output and its log (stdout, stderr, log records, model and "
+            "tool calls) up to N bytes; the rest is dropped with a marker (default 1 MiB).",
+        ),
+    ] = None,
 ) -> None:
     """Run the daemon until interrupted."""
     from corral.daemon._server import ServeConfig, log_to_stderr
@@ -92,6 +101,8 @@ def serve(
         config["guardrails"] = guardrails
     if max_concurrent_turns is not None:
         config["max_concurrent_turns"] = max_concurrent_turns
+    if turn_log_bytes is not None:
+        config["turn_log_bytes"] = turn_log_bytes
     with refusals(), suppress(KeyboardInterrupt):
         server_config = ServeConfig(**config)
         log_to_stderr()

@@ -36,6 +36,7 @@ from corral.daemon._targets import (
     target_kind,
 )
 from corral.daemon._token_file import default_home, ensure_token_file
+from corral.daemon._turn_log import DEFAULT_TURN_LOG_BYTES
 from corral.daemon.guardrails import Rule, check_custom, load_rules_file
 from corral.daemon.harnesses import CommandHarness, Harness, OpenAIHarness, PythonHarness
 from corral.daemon.stores import SQLiteStore, Store
@@ -106,6 +107,8 @@ class ServeConfig:
     ``CORRAL_HOME``, else ``.corral``) holds the agents' directories and the token file.
     ``max_concurrent_turns`` bounds the turns that run at once (None: no bound), shared
     by the agents' priorities (docs/daemon.md, "Headcount and priority").
+    ``turn_log_bytes`` caps each turn's kept output and log (docs/daemon.md, "Turns and
+    logs"); the default harnesses keep a command's output up to it too.
     ``heartbeat_s`` spaces the
     SSE heartbeat comments; ``shutdown_timeout_s`` bounds the wait for open requests when
     stopping. Bad values raise ``InvalidArgumentError``.
@@ -126,6 +129,7 @@ class ServeConfig:
     db_options: Mapping[str, TargetOptions] = field(default_factory=dict)
     guardrails: str | Path | None = None
     max_concurrent_turns: int | None = None
+    turn_log_bytes: int = DEFAULT_TURN_LOG_BYTES
 
     def __post_init__(self) -> None:
         where = "ServeConfig"
@@ -158,6 +162,7 @@ class ServeConfig:
         check_target_options(where, self.databases, self.db_options)
         v.instance_of(where, "guardrails", self.guardrails, (str, Path, type(None)))
         v.positive_int(where, "max_concurrent_turns", self.max_concurrent_turns, optional=True)
+        v.positive_int(where, "turn_log_bytes", self.turn_log_bytes)
         object.__setattr__(self, "db_options", dict(self.db_options))
         if token is None and not is_loopback_host(self.host):
             raise TokenRequiredError(self.host)
@@ -204,12 +209,15 @@ async def serve(
             service = AgentService(
                 store,
                 home=config.home,
-                harnesses=_default_harnesses() if harnesses is None else harnesses,
+                harnesses=(
+                    _default_harnesses(config.turn_log_bytes) if harnesses is None else harnesses
+                ),
                 url=local_url,
                 clock=clock,
                 token=token,
                 guardrails=rules,
                 max_concurrent_turns=config.max_concurrent_turns,
+                turn_log_bytes=config.turn_log_bytes,
             )
             # openai agents' corral tools (openai.corralTools), with the databases once open.
             tools = CorralTools(LocalApi(service))
@@ -375,8 +383,11 @@ def _shown_store(config: ServeConfig) -> str:
     return redacted(target)
 
 
-def _default_harnesses() -> dict[str, Harness]:
-    return {"command": CommandHarness(), "python": PythonHarness(), "openai": OpenAIHarness()}
+def _default_harnesses(turn_log_bytes: int = DEFAULT_TURN_LOG_BYTES) -> dict[str, Harness]:
+    # A command's output (its stdout: the agent's record, its events) is kept up to the
+    # turn's log size too, so one agent printing 100 MB cannot make its record big.
+    command = CommandHarness(max_output_bytes=turn_log_bytes, log_bytes=turn_log_bytes)
+    return {"command": command, "python": PythonHarness(), "openai": OpenAIHarness()}
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -39,6 +39,7 @@ from corral.daemon import (
     _stall,
     _tokens,
     _tree_budget,
+    _turn_records,
     _turns,
     _wake,
 )
@@ -179,6 +180,7 @@ class AgentService:
         result_retry_s: float = 60.0,
         guardrails: Sequence[Rule] = (),
         max_concurrent_turns: int | None = None,
+        turn_log_bytes: int = _turn_records.DEFAULT_TURN_LOG_BYTES,
     ) -> None:
         where = "AgentService"
         v.instance_of(where, "store", store, Store)
@@ -194,6 +196,9 @@ class AgentService:
         v.positive_int(where, "subscriber_buffer", subscriber_buffer)
         v.non_empty_str(where, "token", token, optional=True)
         v.non_negative_number(where, "result_retry_s", result_retry_s)
+        v.positive_int(where, "turn_log_bytes", turn_log_bytes)
+        # Each turn's record, output and capped log (see _turn_records).
+        self.turn_book = _turn_records.TurnBook(store, cap=turn_log_bytes)
         self._result_retry_s = result_retry_s
         self._daemon_rules = tuple(guardrails)
         # People's answers reach the checks waiting on them through these (by decision id).
@@ -313,6 +318,7 @@ class AgentService:
             handle.cancel()
         self._deadlines.clear()
         self._stalls.close()
+        self.turn_book.close()
         tasks = list(self._turns.values()) + list(self._background)
         for task in tasks:
             task.cancel()
@@ -1242,6 +1248,7 @@ class AgentService:
             extra_tools=() if self._agent_tools is None else self._agent_tools(agent_id, spec),
             session=_sessions.before(self.store.state.sessions.get(agent_id), turn),
             spent=self._spent_by(agent_id, turn),
+            log=self.turn_book.sink(agent_id, turn),
         )
         try:
             outcome = await _turns.run(self.harnesses[spec.harness], turn_request)
@@ -1265,6 +1272,7 @@ class AgentService:
             paused_s=self.pauses(agent_id).paused_s,
             lookup=self.store.state.agents.get,
             session=_sessions.before(self.store.state.sessions.get(agent_id), turn),
+            log=self.turn_book.sink(agent_id, turn),
         )
         logger.info("agent %s: adopting turn %d, left waiting on a person", agent_id, turn)
         outcome = await _turns.adopt(harness, turn_request)
@@ -1474,6 +1482,7 @@ class AgentService:
         if key is not None and command is not None and result is not None:
             events.append(_commands.recorded(key, command, result))
         written = await self.store.append(events)
+        await self.turn_book.observe(written)  # turn records (see _turn_records)
         for event in written:
             if event.type == ev.TURN_INTERRUPTED and event.agent_id is not None:
                 self._spent.pop(event.agent_id, None)

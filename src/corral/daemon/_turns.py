@@ -24,6 +24,7 @@ from corral.daemon.harnesses import (
     TurnRequest,
     TurnResult,
 )
+from corral.daemon.harnesses._base import TurnOutput
 from corral.kernel import ActionCheck
 
 logger = logging.getLogger("corral.daemon")
@@ -61,13 +62,14 @@ def request(
     extra_tools: Sequence[ExtraTool] = (),
     session: Sequence[SessionMessage] = (),
     spent: Callable[[Mapping[str, Any]], None] | None = None,
+    log: TurnOutput | None = None,
 ) -> TurnRequest:
     """Turn ``turn`` of the agent, with what is left of its budget at ``now`` (and of each
     ancestor's, found with ``lookup``: the tightest of them), the action check its harness
     asks before each tool call, how long it has waited on people, what its harness calls on
     each sign of life (``heartbeat``, see ``_stall``), the tools the daemon adds to its
     spec's (``extra_tools``), its ``session`` before this turn, and where a cancelled turn
-    tells what it spent (``spent``)."""
+    tells what it spent (``spent``), and where its output and logs go (``log``)."""
     own = _budget.in_force(rec, spec).to_budget()
     remaining = _tree_budget.remaining(rec, own, lookup or _no_agent, now)
     timeout_s = spec.turn_timeout_s
@@ -92,6 +94,7 @@ def request(
         extra_tools=tuple(extra_tools),
         session=tuple(session),
         spent=spent,
+        log=log,
     )
 
 

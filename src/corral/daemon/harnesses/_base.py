@@ -31,6 +31,18 @@ class ExtraTool:
     call: Callable[[dict[str, Any]], Awaitable[str]]
 
 
+class TurnOutput(Protocol):
+    """Where a harness puts what a turn prints and logs as it comes (the daemon's capped
+    per-turn log, see ``corral.daemon._turn_log``): ``write(stream, data)`` with a stream
+    name (``stdout``, ``stderr``, ``log``, ``model``, ``tool``) and bytes or text, cut into
+    lines there; ``add_dropped(count)`` counts bytes the harness dropped itself before they
+    could reach it. Both are cheap, called on the event loop, and never raise."""
+
+    def write(self, stream: str, data: bytes | str) -> None: ...
+
+    def add_dropped(self, count: int) -> None: ...
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TurnRequest:
     """One turn to run.
@@ -72,6 +84,9 @@ class TurnRequest:
     that cannot know (a command, a python function: they report usage only with their
     result) does not call it.
 
+    ``log`` is where the turn's output and log records go as they come (see
+    :class:`TurnOutput`); None when the daemon does not keep them.
+
     ``session`` is the agent's conversation before this turn, oldest first (empty when its
     ``history`` is ``none``; see ``corral.daemon._sessions``): the ``command`` harness writes
     it to ``CORRAL_SESSION_FILE``, the ``python`` harness puts it in its context, the
@@ -93,6 +108,7 @@ class TurnRequest:
     extra_tools: tuple[ExtraTool, ...] = ()
     spent: Callable[[Mapping[str, Any]], None] | None = None
     session: tuple[SessionMessage, ...] = ()
+    log: TurnOutput | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

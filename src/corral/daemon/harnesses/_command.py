@@ -67,6 +67,11 @@ class CommandHarness:
     group is killed too: nothing of a turn outlives it (a process that started a session of
     its own escapes this; its pipes are then abandoned after ``drain_s``).
 
+    Log: with ``request.log``, the command's stdout and stderr, in the order they came, go
+    there while the turn runs (the launcher writes them to ``turn-<n>.log``, at most
+    ``log_bytes``, the rest counted as dropped; the daemon reads the file as it grows), for
+    the turn's record and ``corral logs --follow``.
+
     Output: at most ``max_output_bytes`` of stdout are kept; the rest is read and dropped (the
     child never blocks on a full pipe) and the output ends with a line saying how many bytes
     were dropped. Only the stderr tail is kept. So the disk holds at most
@@ -103,12 +108,15 @@ class CommandHarness:
         stderr_tail_bytes: int = 2048,
         drain_s: float = 2.0,
         adopt_poll_s: float = 0.1,
+        log_bytes: int = 1024 * 1024,
     ) -> None:
         where = "CommandHarness"
         v.positive_int(where, "max_output_bytes", max_output_bytes)
         v.positive_int(where, "stderr_tail_bytes", stderr_tail_bytes)
         v.positive_number(where, "drain_s", drain_s)
         v.positive_number(where, "adopt_poll_s", adopt_poll_s)
+        v.positive_int(where, "log_bytes", log_bytes)
+        self.log_bytes = log_bytes
         self.max_output_bytes = max_output_bytes
         self.stderr_tail_bytes = stderr_tail_bytes
         self.drain_s = drain_s
@@ -151,6 +159,7 @@ class CommandHarness:
                     files=files,
                     pid_file=request.state_dir / PID_FILE,
                     agent_id=request.agent_id,
+                    log=request.log,
                 )
         except ProcessNotStartedError as exc:
             raise TurnFailedError(exc.message, **exc.details) from None
@@ -180,6 +189,7 @@ class CommandHarness:
                 limits=self._limits(),
                 timer=timer,
                 poll_s=self.adopt_poll_s,
+                log=request.log,
             )
         except ProcessNotStartedError as exc:
             raise TurnFailedError(exc.message, **exc.details) from None
@@ -188,7 +198,7 @@ class CommandHarness:
         return self._judge(finished, timer, request)
 
     def _limits(self) -> Limits:
-        return Limits(self.max_output_bytes, self.stderr_tail_bytes, self.drain_s)
+        return Limits(self.max_output_bytes, self.stderr_tail_bytes, self.drain_s, self.log_bytes)
 
     def _check(self, where: str, request: TurnRequest) -> tuple[str, ...]:
         v.instance_of(where, "request", request, TurnRequest)

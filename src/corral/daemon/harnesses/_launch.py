@@ -58,7 +58,10 @@ else:
 
 _CHUNK = 65536
 _POLL_MS = 50  # how often the command's exit is checked where pidfds do not exist
-_FIELDS = ("stdin", "out", "err", "status", "pid_file", "agent_id", "turn", "max_out", "tail")
+_FIELDS = (
+    "stdin", "out", "err", "status", "pid_file", "agent_id", "turn", "max_out", "tail", "log",
+    "log_max",
+)  # fmt: skip
 
 
 def launcher_args(
@@ -74,9 +77,12 @@ def launcher_args(
     max_out: int,
     tail: int,
     drain_s: float,
+    log: str = "",
+    log_max: int = 0,
 ) -> list[str]:
     """The arguments of this script for one turn (see the module docstring)."""
     fields = [stdin, out, err, status, pid_file, agent_id, str(turn), str(max_out), str(tail)]
+    fields += [log, str(log_max)]
     return [*fields, repr(float(drain_s)), "--", *argv]
 
 
@@ -219,8 +225,9 @@ def main(args: list[str]) -> int:
         return 2
     stdin_path, out_path, err_path, status_path, pid_file, agent_id = args[:6]
     turn, max_out, tail = (int(a) for a in args[6:9])
-    drain_s = float(args[9])
-    argv = args[11:]
+    log_path, log_max = args[9], int(args[10])
+    drain_s = float(args[11])
+    argv = args[13:]
     record: dict[str, object] = {"agentId": agent_id, "turn": turn}
 
     def not_started(message: str, **details: object) -> int:
@@ -229,10 +236,12 @@ def main(args: list[str]) -> int:
         return 0
 
     out_fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    log = _Log(log_path, log_max)
     try:
         pid, out_pipe, err_pipe = _spawn(argv, stdin_path)
     except (OSError, ValueError) as exc:
         os.close(out_fd)
+        log.close()
         return not_started(
             f"could not start command {argv[0]!r}: {type(exc).__name__}: {exc}", command=argv
         )
@@ -243,15 +252,19 @@ def main(args: list[str]) -> int:
         kill_group(pid)
         os.waitpid(pid, 0)
         os.close(out_fd)
+        log.close()
         return not_started(
             f"could not write the pid file {pid_file!r}: {exc}; the command was killed",
             pid_file=pid_file,
         )
     _announce(pid)
-    returncode, out_bytes, err = _collect(pid, out_pipe, err_pipe, out_fd, max_out, tail, drain_s)
+    returncode, out_bytes, err = _collect(
+        pid, out_pipe, err_pipe, out_fd, max_out, tail, drain_s, log
+    )
     os.close(out_fd)
+    log.close()
     _write_atomically(err_path, err)
-    body = {"returncode": returncode, "outBytes": out_bytes, **record}
+    body = {"returncode": returncode, "outBytes": out_bytes, "logDropped": log.dropped, **record}
     _write_atomically(status_path, dumps(body).encode())
     return 0
 
@@ -298,8 +311,51 @@ def _announce(pid: int) -> None:
     os.close(null)
 
 
+class _Log:
+    """The turn's log file: what the command writes to stdout and stderr, in the order it
+    came, as frames ``o<n>\\n`` or ``e<n>\\n`` followed by ``n`` bytes, up to ``limit``
+    bytes of output (the rest is counted in ``dropped``). No path: nothing is written."""
+
+    def __init__(self, path: str, limit: int) -> None:
+        self.limit = limit
+        self.kept = 0
+        self.dropped = 0
+        self.fd: int | None = None
+        if path and limit > 0:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC
+            self.fd = os.open(path, flags, 0o600)
+
+    def write(self, kind: bytes, data: bytes) -> None:
+        if self.fd is None:
+            return
+        room = self.limit - self.kept
+        if room < len(data):
+            self.dropped += len(data) - max(room, 0)
+            data = data[: max(room, 0)]
+        if not data:
+            return
+        try:
+            _write_all(self.fd, kind + str(len(data)).encode() + b"\n" + data)
+            self.kept += len(data)
+        except OSError:  # a full disk: count the rest as dropped
+            self.dropped += len(data)
+            self.limit = self.kept
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
 def _collect(
-    pid: int, out_pipe: int, err_pipe: int, out_fd: int, max_out: int, tail: int, drain_s: float
+    pid: int,
+    out_pipe: int,
+    err_pipe: int,
+    out_fd: int,
+    max_out: int,
+    tail: int,
+    drain_s: float,
+    log: _Log,
 ) -> tuple[int, int, bytes]:
     """Read the command's pipes until it has exited and they are closed (or ``drain_s``
     after its exit); its return code, the bytes of stdout seen, the stderr tail."""
@@ -346,8 +402,10 @@ def _collect(
             elif fd == err_pipe:
                 err += data
                 del err[:-tail]
+                log.write(b"e", data)
                 _touch(out_fd)
             else:
+                log.write(b"o", data)
                 seen += len(data)
                 room = max_out - kept
                 if room > 0:

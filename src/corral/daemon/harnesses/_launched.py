@@ -3,7 +3,8 @@ that started it, or after a restart by one that did not -- and read back from it
 
 A turn's files live in the agent's state directory, named by the turn's number:
 ``turn-<n>.in`` (the prompt, the command's stdin), ``turn-<n>.out`` (the first bytes of its
-stdout), ``turn-<n>.err`` (the tail of its stderr) and ``turn-<n>.status`` (how it ended,
+stdout), ``turn-<n>.err`` (the tail of its stderr), ``turn-<n>.log`` (its stdout and stderr as they
+came, up to the turn's log size; see ``_log_tail``) and ``turn-<n>.status`` (how it ended,
 written last). The pid file names the command and the launcher. The daemon removes the
 files once it has read them.
 """
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from corral.daemon.harnesses._base import NothingToAdoptError
+from corral.daemon.harnesses._base import NothingToAdoptError, TurnOutput
 from corral.daemon.harnesses._launch import (
     alive,
     boot_id,
@@ -29,6 +30,7 @@ from corral.daemon.harnesses._launch import (
     launcher_args,
     start_time,
 )
+from corral.daemon.harnesses._log_tail import LogTail, following
 from corral.daemon.harnesses._process import (
     Finished,
     Limits,
@@ -45,9 +47,10 @@ LAUNCHER = Path(__file__).with_name("_launch.py")
 # cached. Appended to sys.path, so its directory shadows nothing of the standard library.
 _BOOT = "import sys; sys.path.append({0!r}); from _launch import main; sys.exit(main(sys.argv[1:]))"
 _REAP_S = 5.0  # bound on waiting for a SIGKILLed launcher, or for it to name its command
-_KINDS = ("in", "out", "err", "status")
+_KINDS = ("in", "out", "err", "log", "status")
 _MAX_STATUS_BYTES = 1 << 20  # a status or pid file is small; anything bigger is not ours
 _LAUNCHER_TAIL = 2048  # of the launcher's own stderr, said when it ends without a status
+LOG_POLL_S = 0.1  # how often a running turn's log file is read for new lines
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +103,7 @@ async def run_launched(
     files: TurnFiles,
     pid_file: Path,
     agent_id: str,
+    log: TurnOutput | None = None,
 ) -> Finished:
     """Run ``argv`` under the launcher in ``cwd`` with ``env``, ``stdin`` as its stdin.
 
@@ -108,6 +112,8 @@ async def run_launched(
     command's group and the launcher get SIGKILL at once and, for a cancellation,
     ``asyncio.CancelledError`` propagates once the launcher is reaped. The pid file is
     removed when the turn ends, and the turn's files once read.
+
+    With ``log``, the command's stdout and stderr go there as they come (see ``_log_tail``).
 
     Raises :class:`ProcessNotStartedError` when the command cannot be started (its working
     directory missing is named as such) or its pid file cannot be written (it is killed).
@@ -136,6 +142,8 @@ async def run_launched(
         max_out=limits.max_output_bytes,
         tail=limits.stderr_tail_bytes,
         drain_s=limits.drain_s,
+        log=str(files.path("log")) if log is not None else "",
+        log_max=limits.log_bytes if log is not None else 0,
     )
     launcher = launcher_command(args)
     try:
@@ -154,8 +162,10 @@ async def run_launched(
         raise not_started(launcher[:1], cwd, exc) from None
     launcher_pid = transport.get_pid()
     timed_out = False
+    tail = None if log is None else LogTail(files.path("log"), log)
     try:
-        timed_out = not await timer.wait(watch.exited)
+        async with following(tail, LOG_POLL_S):
+            timed_out = not await timer.wait(watch.exited)
         if timed_out:
             await _end(watch, launcher_pid)
     finally:
@@ -168,13 +178,21 @@ async def run_launched(
             if not watch.exited.done():
                 files.remove()  # a launcher that would not die: what it wrote is moot
     try:
+        if tail is not None:
+            tail.finish(files.path("status"))
         return read_finished(files, limits, timed_out=timed_out, launcher_tail=watch.tail())
     finally:
         files.remove()
 
 
 async def adopt_launched(
-    *, files: TurnFiles, pid_file: Path, limits: Limits, timer: TurnTimer, poll_s: float
+    *,
+    files: TurnFiles,
+    pid_file: Path,
+    limits: Limits,
+    timer: TurnTimer,
+    poll_s: float,
+    log: TurnOutput | None = None,
 ) -> Finished:
     """Wait for a turn a previous daemon started (not this process's child) and read it.
 
@@ -203,12 +221,14 @@ async def adopt_launched(
             turn=files.turn,
         )
     timed_out = False
+    tail = None if log is None else LogTail(files.path("log"), log)
     if launcher is not None:
         poller = asyncio.ensure_future(
             _until(lambda: status.exists() or not alive(*launcher), poll_s)
         )
         try:
-            timed_out = not await timer.wait(poller)
+            async with following(tail, LOG_POLL_S):
+                timed_out = not await timer.wait(poller)
         except asyncio.CancelledError:
             reap_pid_file(pid_file)
             files.remove()
@@ -219,6 +239,8 @@ async def adopt_launched(
         # Timed out: end it. No status: its launcher was killed; end what it left.
         reap_pid_file(pid_file)
     try:
+        if tail is not None:
+            tail.finish(status)
         return read_finished(files, limits, timed_out=timed_out, launcher_tail="")
     finally:
         _remove(pid_file)

@@ -57,11 +57,13 @@ class Finished:
 @dataclass(frozen=True, slots=True)
 class Limits:
     """``max_output_bytes`` of stdout are kept, the last ``stderr_tail_bytes`` of stderr;
-    pipes still open ``drain_s`` after the group is gone are abandoned."""
+    pipes still open ``drain_s`` after the group is gone are abandoned; a command turn's log
+    file keeps ``log_bytes`` of stdout and stderr together."""
 
     max_output_bytes: int
     stderr_tail_bytes: int
     drain_s: float
+    log_bytes: int = 0  # a command turn's log file (see _launch._Log): 0 is none
 
 
 async def run_process(

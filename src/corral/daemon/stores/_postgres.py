@@ -23,6 +23,7 @@ from corral.daemon._sessions import row_changes
 from corral.daemon._state import PROJECTIONS_VERSION, ReplayError, State, Tx, replay
 from corral.daemon.stores._base import refuse_unstorable
 from corral.daemon.stores._sqlite import _dump, _retrieve
+from corral.daemon.stores._turns import PostgresTurns, postgres_ddl
 from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError, UsageError
 from corral.kernel import _validate as v
 
@@ -91,6 +92,7 @@ class _Statements:
                 "SELECT true, COALESCE(MAX(seq), 0) FROM {events} ON CONFLICT (id) DO NOTHING"
             ),
         ]
+        self.ddl += postgres_ddl(table)  # turn records (see stores._turns)
         self.load_agents = q("SELECT data FROM {agents}")
         self.load_notices = q("SELECT id, data FROM {notices}")
         self.load_decisions = q("SELECT id, data FROM {decisions}")
@@ -139,7 +141,7 @@ def _safe_dsn(params: dict[str, Any]) -> str:
     return make_conninfo(**{k: v for k, v in params.items() if k != "password"})
 
 
-class PostgresStore:
+class PostgresStore(PostgresTurns):
     """A :class:`Store` in a PostgreSQL database, safe to share between daemons.
 
     ``dsn`` is a libpq connection string or URI; ``schema`` (created if missing) keeps the

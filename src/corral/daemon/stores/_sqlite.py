@@ -15,6 +15,8 @@ from corral.daemon._events import Event, NewEvent
 from corral.daemon._sessions import row_changes
 from corral.daemon._state import PROJECTIONS_VERSION, State, Tx, replay
 from corral.daemon.stores._base import refuse_unstorable
+from corral.daemon.stores._turns import SQLITE_SCHEMA as _TURNS_SCHEMA
+from corral.daemon.stores._turns import SQLiteTurns
 from corral.kernel import SYSTEM_CLOCK, Clock, UsageError
 
 T = TypeVar("T")
@@ -50,7 +52,7 @@ def _dump(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
-class SQLiteStore:
+class SQLiteStore(SQLiteTurns):
     """A :class:`Store` in one SQLite file.
 
     The connection lives on one worker thread, so SQLite calls never block the event loop;
@@ -93,6 +95,7 @@ class SQLiteStore:
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA busy_timeout=5000")
             conn.executescript(_SCHEMA)
+            conn.executescript(_TURNS_SCHEMA)  # turn records (see stores._turns)
             state = self._load(conn)
             if self._version(conn) != PROJECTIONS_VERSION:
                 state = self._rebuild(conn)
