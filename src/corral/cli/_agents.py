@@ -74,8 +74,20 @@ def prompt(
     by: ByOpt = None,
     why: WhyOpt = None,
     key: KeyOpt = None,
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait",
+            help="Wait for the turn to end and print its output; exit 0 when it succeeded, "
+            "10 when it failed, 11 when it was interrupted.",
+        ),
+    ] = False,
 ) -> None:
     """Start a turn of an idle or blocked agent (resolves a blocked agent's decision)."""
+    if wait:
+        from corral.cli._logs import prompt_and_wait
+
+        prompt_and_wait(ctx, agent_id, text, by, why, key)
     answer = call(
         target(ctx),
         lambda api: api.prompt(agent_id, text, by=by, why=why, idempotency_key=key),

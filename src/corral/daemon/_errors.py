@@ -82,6 +82,15 @@ class AgentNotFoundError(DaemonError):
         self.agent_id = agent_id
 
 
+class TurnNotFoundError(DaemonError):
+    """The agent has no record of that turn (never ran, or deleted with the agent)."""
+
+    code = "turn_not_found"
+
+    def __init__(self, agent_id: str, turn: int) -> None:
+        super().__init__(f"agent {agent_id!r} has no turn {turn}", agent_id=agent_id, turn=turn)
+
+
 class AgentNotLiveError(DaemonError):
     """The agent has ended (stopped or failed); it cannot take prompts any more."""
 

@@ -25,6 +25,7 @@ STATUS: dict[str, int] = {
     "forbidden_origin": 403,
     "out_of_scope": 403,
     "agent_not_found": 404,
+    "turn_not_found": 404,
     "decision_not_found": 404,
     "run_not_found": 404,
     "not_found": 404,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -234,7 +234,15 @@ class LogFanout:
         self._followers.setdefault(agent_id, set()).add(follower)
         return follower
 
-    async def lines(self, follower: _Follower) -> AsyncIterator[dict[str, Any]]:
+    def unfollow(self, follower: _Follower) -> None:
+        """Unregister ``follower`` (idempotent)."""
+        found = self._followers.get(follower.agent_id)
+        if found is not None:
+            found.discard(follower)
+            if not found:
+                del self._followers[follower.agent_id]
+
+    async def lines(self, follower: _Follower) -> AsyncGenerator[dict[str, Any], None]:
         """The follower's lines as they come, until its agent's followers are ended."""
         try:
             while True:
@@ -249,8 +257,4 @@ class LogFanout:
                 follower.wake.clear()
                 await follower.wake.wait()
         finally:
-            found = self._followers.get(follower.agent_id)
-            if found is not None:
-                found.discard(follower)
-                if not found:
-                    del self._followers[follower.agent_id]
+            self.unfollow(follower)

@@ -1,0 +1,181 @@
+"""Commands on an agent's turns and logs: ``corral logs`` and ``corral prompt --wait``.
+
+What an agent printed is untrusted: each line is printed with its control characters shown
+as escapes (``_output.visible``), so it cannot move the cursor or forge a line.
+
+``corral prompt ID TEXT --wait`` exits with the turn's outcome: :data:`EXIT_CODES`.
+"""
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import suppress
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from corral.cli._calls import Target, call, refusals
+from corral.cli._options import AgentArg, target
+from corral.cli._output import say, visible, write_line
+
+if TYPE_CHECKING:
+    import httpx
+
+EXIT_CODES = {"succeeded": 0, "failed": 10, "interrupted": 11}
+"""``prompt --wait``: 0 the turn succeeded, 10 it failed, 11 it was interrupted (the agent
+stopped, its stalled turn restarted, the daemon restarted). Refusals keep their codes (2 for
+bad input or a 4xx answer, 1 otherwise)."""
+
+_SEG_SAFE = ""
+
+
+def logs(
+    ctx: typer.Context,
+    agent_id: AgentArg,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Then stream new lines as the agent prints.")
+    ] = False,
+    turn: Annotated[int | None, typer.Option(min=1, help="Only this turn's log.")] = None,
+    tail: Annotated[int | None, typer.Option(min=0, help="Only the last N lines.")] = None,
+    turns: Annotated[
+        int, typer.Option(min=1, max=20, help="Without --turn: the last N turns' logs.")
+    ] = 1,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object a line.")] = False,
+) -> None:
+    """An agent's output and logs, turn by turn; with --follow, live as it prints."""
+    conn = target(ctx)
+    params: dict[str, Any] = {"turns": turns}
+    if turn is not None:
+        params["turn"] = turn
+    if tail is not None:
+        params["tail"] = tail
+
+    def emit(line: dict[str, Any]) -> None:
+        if as_json:
+            write_line(json.dumps(line, separators=(",", ":")))
+        elif line.get("stream") == "stderr":
+            say(str(line.get("text", "")), err=True)
+        else:
+            write_line(visible(str(line.get("text", ""))))
+
+    if follow:
+
+        async def stream() -> None:
+            async for kind, item in _follow(conn, agent_id, params):
+                if kind == "log":
+                    emit(item)
+                elif as_json:
+                    write_line(json.dumps({"event": "turn", **item}, separators=(",", ":")))
+                elif item.get("event") == "ended":
+                    say(f"-- turn {item.get('turn')} {item.get('outcome')}", err=True)
+                else:
+                    say(f"-- turn {item.get('turn')} started", err=True)
+
+        with refusals(), suppress(KeyboardInterrupt):
+            asyncio.run(stream())
+        return
+
+    async def fetch(api: Any) -> Any:
+        return await api._call("GET", f"/agents/{_seg(agent_id)}/logs", params=params)
+
+    answer = call(conn, fetch)
+    for line in answer.get("lines", []) if isinstance(answer, dict) else []:
+        emit(line)
+
+
+def prompt_and_wait(
+    ctx: typer.Context,
+    agent_id: str,
+    text: str | None,
+    by: str | None,
+    why: str | None,
+    key: str | None,
+) -> None:
+    """``corral prompt --wait``: prompt, wait for the turn to end, print its output (or error)
+    and exit with :data:`EXIT_CODES`."""
+    conn = target(ctx)
+
+    async def run(api: Any) -> dict[str, Any]:
+        before = await api.get(agent_id)
+        real_id = str(before["id"])
+        number = int(before.get("turns") or 0) + 1
+        await api.prompt(real_id, text, by=by, why=why, idempotency_key=key)
+        path = f"/agents/{_seg(real_id)}/turns/{number}"
+        while True:
+            # The stream of that turn ends when it does (at once when it is over already).
+            async for _ in _follow(conn, real_id, {"turn": number, "tail": 0}):
+                pass
+            record: dict[str, Any] = await api._call("GET", path)
+            if record.get("outcome") not in (None, "running"):
+                return record
+
+    record = call(conn, run)
+    outcome = str(record.get("outcome"))
+    if outcome == "succeeded":
+        for line in str(record.get("output") or "").splitlines():
+            write_line(visible(line))  # each line escaped: the newlines stay newlines
+    else:
+        say(f"turn {record.get('turn')} {outcome}: {record.get('error') or ''}", err=True)
+    raise typer.Exit(EXIT_CODES.get(outcome, 1))
+
+
+async def _follow(
+    conn: Target, agent_id: str, params: dict[str, Any]
+) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """The SSE stream of ``GET /agents/{id}/logs?follow=true``: ``("log", line)`` and
+    ``("turn", {turn, event, outcome})`` until the daemon ends it."""
+    import httpx
+
+    from corral.daemon._client import DaemonUnreachableError, error_from_answer
+
+    headers = {"Accept": "text/event-stream"}
+    token = conn.token
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    query = {**params, "follow": "true"}
+    async with httpx.AsyncClient(
+        base_url=conn.url, headers=headers, timeout=httpx.Timeout(30.0, read=120.0)
+    ) as client:
+        try:
+            async with client.stream(
+                "GET", f"/agents/{_seg(agent_id)}/logs", params=query
+            ) as response:
+                if response.is_error:
+                    await response.aread()
+                    try:
+                        answer: Any = response.json()
+                    except ValueError:
+                        answer = response.text
+                    raise error_from_answer(response.status_code, answer)
+                async for kind, item in _sse(response):
+                    yield kind, item
+        except httpx.TransportError as exc:
+            raise DaemonUnreachableError(conn.url, str(exc) or type(exc).__name__) from exc
+
+
+async def _sse(response: "httpx.Response") -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    data: list[str] = []
+    kind = "message"
+    async for line in response.aiter_lines():
+        if not line:
+            if data:
+                with suppress(ValueError):
+                    found = json.loads("\n".join(data))
+                    if isinstance(found, dict):
+                        yield kind, found
+            data, kind = [], "message"
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "data":
+            data.append(value)
+        elif name == "event":
+            kind = value
+
+
+def _seg(agent_id: str) -> str:
+    from urllib.parse import quote
+
+    return quote(agent_id, safe=_SEG_SAFE).replace(".", "%2E")
