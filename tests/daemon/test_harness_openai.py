@@ -760,3 +760,25 @@ def test_tools_are_only_for_the_openai_harness_spec_and_kept_as_given() -> None:
             "command": ["tool"],
         }
     ]
+
+
+async def test_model_and_tool_calls_go_to_the_turns_log(
+    openai_server: OpenAIServer, tmp_path: Path
+) -> None:
+    from corral.daemon._turn_log import TurnLog
+
+    openai_server.enqueue(
+        completion(tool_calls=[tool_call("say", {"x": 1}, id="call_s")], usage=(10, 2)),
+        completion("all done", usage=(20, 3)),
+    )
+    req = request(openai_server.base_url, tmp_path, tools=[command_tool("say", "report")])
+    log = TurnLog("a_0000abcd", 1)
+    result = await OpenAIHarness().run_turn(dataclasses.replace(req, log=log))
+    assert result.output == "all done"
+    log.close()
+    lines = [(e["stream"], e["text"]) for e in log.snapshot()]
+    assert [stream for stream, _ in lines] == ["model", "tool", "model"]
+    assert "12 tokens" in lines[0][1]
+    assert "tool calls: say" in lines[0][1]
+    assert lines[1][1].startswith('say {"x": 1}\nsay -> ')
+    assert lines[2][1].endswith("23 tokens, unknown: all done\n")
