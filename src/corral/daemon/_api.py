@@ -7,12 +7,17 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from corral.daemon import _approvals, _listing
+from corral.daemon import _approvals, _listing, _names
 from corral.daemon._approvals import Verdict
 from corral.daemon._auth import Caller
 from corral.daemon._client import page_args, spec_mapping
 from corral.daemon._databases import Databases, waiting_decisions
-from corral.daemon._errors import AnswerNotAcceptedError, DecisionNotFoundError, OutOfScopeError
+from corral.daemon._errors import (
+    AnswerNotAcceptedError,
+    DecisionNotFoundError,
+    NameTakenError,
+    OutOfScopeError,
+)
 from corral.daemon._events import Event
 from corral.daemon._headcount import PRIORITIES
 from corral.daemon._policy import BUDGET_EXHAUSTED
@@ -193,6 +198,16 @@ class ScopedService:
         if self.principal is not None and not self.service.in_scope(self.principal, agent_id):
             raise OutOfScopeError(self.principal, f"agent {agent_id!r}")
 
+    def resolve(self, ref: str) -> str:
+        """The id of the agent ``ref`` (an id or a name) stands for, among the agents the
+        caller reaches; ``ref`` itself when none is (see :mod:`._names`)."""
+        principal = self.principal
+        if principal is None:
+            return _names.resolve(self.service.store.state.agents, ref)
+        return _names.resolve(
+            self.service.store.state.agents, ref, lambda a: self.service.in_scope(principal, a)
+        )
+
     def check_live(self) -> None:
         """An ended agent's token opens nothing any more: whatever it left running loses
         its reach with it (``OutOfScopeError``)."""
@@ -248,7 +263,11 @@ class ScopedService:
                 f"a child of priority {parsed.priority!r} (its own spec's priority is {mine!r})",
             )
         self.check(parsed.parent)
-        return await self.service.spawn(parsed, idempotency_key=idempotency_key)
+        principal = self.principal
+        try:
+            return await self.service.spawn(parsed, idempotency_key=idempotency_key)
+        except NameTakenError as exc:
+            raise _names.hidden(exc, lambda a: self.service.in_scope(principal, a)) from None
 
     async def prompt(
         self,
@@ -355,10 +374,11 @@ class ScopedService:
     ) -> Json:
         """A page of summaries (see :mod:`._listing`); an agent's token sees its subtree."""
         self.check_live()
+        parent = _listing.check_filter("parent", parent)
         filters = {
             "state": _listing.check_filter("state", state),
             "run": _listing.check_filter("run", run),
-            "parent": _listing.check_filter("parent", parent),
+            "parent": parent and self.resolve(parent),  # an id or a name
             "name": _listing.check_filter("name", name),
         }
         return self.service.list_page(within=self.principal, limit=limit, cursor=cursor, **filters)
@@ -665,6 +685,12 @@ class LocalApi:
     def caller_name(self) -> str | None:
         """Who this API acts as (see :attr:`ScopedService.caller_name`)."""
         return self._scope.caller_name
+
+    def resolve(self, ref: str) -> str:
+        """The id of the agent ``ref`` (an id or a name) stands for, in this API's reach
+        (see :meth:`ScopedService.resolve`)."""
+        v.non_empty_str("resolve", "ref", ref)
+        return self._scope.resolve(ref)
 
     async def spawn(self, spec: Mapping[str, Any], idempotency_key: str | None = None) -> Json:
         spec_mapping("spawn", "spec", spec)

@@ -30,6 +30,7 @@ from corral.daemon import (
     _decisions,
     _headcount,
     _listing,
+    _names,
     _notices,
     _queries,
     _retention,
@@ -449,6 +450,7 @@ class AgentService:
             state = self.store.state
             parent = _admission.parent_of(state, spec, self.harnesses)
             run_id = parent["runId"] if parent else new_id()
+            _names.check_spawn(state.agents, run_id, spec.name)
             agent_id = self._new_agent_id()
             # A slot of the run's headcount, or the agent paused for it (refused otherwise).
             paused = await self._headcount.admit(state, run_id, agent_id, spec, self._spec)

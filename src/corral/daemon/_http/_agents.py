@@ -239,6 +239,8 @@ async def events(
             ],
             "event cursor",
         )
+    if agent is not None:
+        agent = api.resolve(agent)  # an id or a name
     api.check_events(agent)
     if agent is not None:
         api.service.get(agent)  # 404 for an unknown agent

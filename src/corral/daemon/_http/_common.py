@@ -260,8 +260,9 @@ async def check_parameters(request: Request) -> None:
     """Refuse (400 ``invalid_request``) a query parameter the route does not declare, and a
     query or path parameter holding what no identifier may (control characters, NUL, lone
     surrogates): unknown body fields are refused too, so a misspelt parameter is never
-    silently ignored. Runs before the endpoint, on every route of the API (async: a plain
-    function would be sent to a worker thread on every request)."""
+    silently ignored. Then an ``agent_id`` path parameter that names an agent is replaced by
+    its id. Runs before the endpoint, on every route of the API (async: a plain function
+    would be sent to a worker thread on every request)."""
     route = request.scope.get("route")
     dependant = getattr(route, "dependant", None)
     declared = {p.alias for p in dependant.query_params} if dependant is not None else set()
@@ -282,6 +283,11 @@ async def check_parameters(request: Request) -> None:
             problems.append({"field": name, "message": message})
     if problems:
         raise InvalidRequestError(problems, "request parameters")
+    agent = request.path_params.get("agent_id")
+    if isinstance(agent, str):
+        # An agent is addressed by its id or its name (corral.daemon._names): the endpoint
+        # is given the id.
+        request.path_params["agent_id"] = api_of(request).resolve(agent)
 
 
 def body_route(
