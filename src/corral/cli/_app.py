@@ -32,6 +32,7 @@ def build_app() -> "typer.Typer":
         _events,
         _gateway,
         _options,
+        _patch,
         _runs,
         _tokens,
     )
@@ -52,6 +53,7 @@ def build_app() -> "typer.Typer":
         _agents.prompt,
         _agents.stop,
         _agents.budget,
+        _patch.patch,
         _runs.run,
         _events.events,
         _agents.inbox,

@@ -70,6 +70,18 @@ class AgentApi(Protocol):
         idempotency_key: str | None = None,
     ) -> Json: ...
 
+    async def patch(
+        self,
+        agent_id: str,
+        changes: Mapping[str, Any],
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json:
+        """Change a live agent: ``changes`` holds ``budget``, ``notifyOn`` and/or
+        ``guardrails`` (camelCase, as ``PATCH /agents/{id}`` takes them); its record."""
+        ...
+
     async def get(self, agent_id: str) -> Json: ...
 
     async def run(self, run_id: str) -> Json: ...
@@ -314,6 +326,29 @@ class ScopedService:
         self.check(agent_id)
         by, note = self.attribution(by, "changing a budget")
         return await self.service.change_budget(
+            agent_id,
+            changes,
+            by=by,
+            why=why,
+            idempotency_key=idempotency_key,
+            lower_only=self.principal,
+            note=note,
+        )
+
+    async def patch(
+        self,
+        agent_id: str,
+        changes: Mapping[str, Any],
+        *,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> CommandResult:
+        """Change a live agent in reach (budget, notifyOn, guardrails: see ``_patch``); an
+        agent's token may only tighten, and in its own name."""
+        self.check(agent_id)
+        by, note = self.attribution(by, "changing an agent")
+        return await self.service.patch(
             agent_id,
             changes,
             by=by,
@@ -732,6 +767,21 @@ class LocalApi:
         v.non_empty_str("budget", "agent_id", agent_id)
         result = await self._scope.change_budget(
             agent_id, budget, by=by, why=why, idempotency_key=idempotency_key
+        )
+        return result.body
+
+    async def patch(
+        self,
+        agent_id: str,
+        changes: Mapping[str, Any],
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json:
+        v.non_empty_str("patch", "agent_id", agent_id)
+        v.instance_of("patch", "changes", changes, Mapping)
+        result = await self._scope.patch(
+            agent_id, changes, by=by, why=why, idempotency_key=idempotency_key
         )
         return result.body
 
