@@ -151,6 +151,26 @@ async def test_every_agent_route_takes_a_name(front: FrontDoor) -> None:
         assert unknown.json()["error"]["code"] == "agent_not_found"
 
 
+async def test_a_spawns_parent_may_be_a_name(front: FrontDoor, scoped_front: FrontDoor) -> None:
+    root = await front.spawn(name="lead")
+    spec = {"name": "w", "harness": "command", "command": ["w"], "parent": "lead"}
+    async with front.client() as client:
+        made = await client.post("/agents", json=spec | {"idempotencyKey": "s1"})
+        again = await client.post("/agents", json=spec | {"parent": root, "idempotencyKey": "s1"})
+    assert made.status_code == 201, made.text
+    assert made.json()["parent"] == made.json()["spec"]["parent"] == root
+    assert again.headers["Idempotency-Replayed"] == "true"  # the same command, by id
+    door = scoped_front
+    lead = await door.spawn(name="lead")
+    mine = await door.spawn(name="mine", parent=lead)
+    async with door.agent_client(mine) as client:
+        beyond = await client.post("/agents", json=spec | {"name": "x"})  # parent "lead"
+        assert beyond.status_code == 403
+        under = await client.post("/agents", json=spec | {"parent": "mine"})
+        assert under.status_code == 201, under.text
+        assert under.json()["parent"] == mine
+
+
 async def test_a_name_in_several_runs_asks_for_the_id(front: FrontDoor) -> None:
     first = await front.spawn(name="ask")
     second = await front.spawn(name="ask")  # a root: a run of its own

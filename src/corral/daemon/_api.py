@@ -243,13 +243,13 @@ class ScopedService:
     async def spawn(
         self, spec: AgentSpec | Mapping[str, Any], idempotency_key: str | None = None
     ) -> CommandResult:
-        """A new agent; an agent's token spawns only under an agent it reaches."""
-        if self.principal is None:
-            return await self.service.spawn(
-                spec if isinstance(spec, AgentSpec) else dict(spec),
-                idempotency_key=idempotency_key,
-            )
+        """A new agent; an agent's token spawns only under an agent it reaches. Its
+        ``parent`` may be named by id or name (the record holds the id)."""
         parsed = spec if isinstance(spec, AgentSpec) else parse_spec(dict(spec))
+        if parsed.parent is not None:
+            parsed = parsed.model_copy(update={"parent": self.resolve(parsed.parent)})
+        if self.principal is None:
+            return await self.service.spawn(parsed, idempotency_key=idempotency_key)
         if parsed.parent is None:
             raise OutOfScopeError(self.principal, "a new root agent (give a parent)")
         if has_custom(parsed.guardrails):

@@ -56,8 +56,21 @@ def check_spawn(agents: Mapping[str, AgentRecord], run_id: str, name: str) -> No
                 }
             ]
         )
+    check_free(agents, run_id, name)
+
+
+def check_free(
+    agents: Mapping[str, AgentRecord], run_id: str, name: str, *, besides: str | None = None
+) -> None:
+    """Refuse (``NameTakenError``) a name held by a live agent of run ``run_id`` other than
+    ``besides`` (an ended agent that would live again, say)."""
     for rec in agents.values():
-        if rec["name"] == name and rec["runId"] == run_id and rec["state"] not in ENDED_STATES:
+        if (
+            rec["name"] == name
+            and rec["runId"] == run_id
+            and rec["state"] not in ENDED_STATES
+            and rec["id"] != besides
+        ):
             raise NameTakenError(name, run_id, rec["id"])
 
 
