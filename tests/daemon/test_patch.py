@@ -3,11 +3,16 @@ validated, recorded with who and why; an agent's token only tightens."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
+from corral.daemon import SQLiteStore, Store
 from corral.daemon._patch import loosens
+from corral.daemon.stores import PostgresStore
+from tests.daemon.conftest import MakeService
 from tests.support.front_door import DAEMON_TOKEN, FrontDoor
 from tests.support.polling import settle
 
@@ -147,3 +152,36 @@ def test_what_loosens() -> None:
     assert "reordering" in str(loosens(old, {"guardrails": []}))
     assert "'allow'" in str(loosens(old, {"guardrails": [BLOCK_DEPLOY, {"verdict": "allow"}]}))
     assert "custom" in str(loosens(old, {"guardrails": [BLOCK_DEPLOY, {"guardrail": "m:C"}]}))
+
+
+@pytest.mark.parametrize(
+    "kind", [pytest.param("sqlite"), pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+async def test_a_patched_spec_is_kept_by_either_store_and_read_by_another_service(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest, make_service: MakeService
+) -> None:
+    def open_one() -> Store:
+        if kind == "sqlite":
+            return SQLiteStore(tmp_path / "c.db")
+        return PostgresStore(request.getfixturevalue("postgres_dsn"))
+
+    store = open_one()
+    await store.open()
+    other = open_one()
+    try:
+        service = await make_service(store)
+        lead = await service.spawn({"name": "lead", "harness": "command", "command": ["w"]})
+        child = await service.spawn(
+            {"name": "w", "harness": "command", "command": ["w"], "parent": lead.body["id"]}
+        )
+        agent_id = child.body["id"]
+        assert (await service.check_action(agent_id, "deploy web")).verdict == "allowed"
+        await service.patch(agent_id, {"guardrails": [BLOCK_DEPLOY]}, by="ana", why="freeze")
+        assert (await service.check_action(agent_id, "deploy web")).verdict == "blocked"
+        await other.open()
+        assert other.state.snapshot() == store.state.snapshot()
+        assert (await other.replay()).snapshot() == store.state.snapshot()
+        assert other.state.agents[agent_id]["spec"]["guardrails"][0]["match"] == "deploy"
+    finally:
+        await other.close()
+        await store.close()

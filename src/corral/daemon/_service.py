@@ -213,8 +213,9 @@ class AgentService:
         self.clock = clock
         self._mutex = asyncio.Lock()
         self._turns: dict[str, asyncio.Task[None]] = {}
-        # Each agent's parsed spec (a spec never changes): filled at spawn, and on first use
-        # for agents loaded from the store, so a turn does not parse the record's JSON again.
+        # Each agent's parsed spec: filled at spawn, and on first use for agents loaded from
+        # the store, so a turn does not parse the record's JSON again; made again when a
+        # PATCH replaced the record's spec (see _spec).
         self._specs: dict[str, AgentSpec] = {}
         self._spec_raw: dict[str, object] = {}  # the record's spec each was made from
         self._feed = EventFeed(store, subscriber_buffer)
@@ -783,7 +784,8 @@ class AgentService:
             events: list[NewEvent] = []
             if budget is not None:
                 events += self._budget_events(rec, spec, budget, by, why, note, lower_only, now)
-            new_spec, diff = _patch.changed_spec(spec, fields, agent_token=lower_only)
+            # The new spec is made again from the record when next used (see _spec).
+            _, diff = _patch.changed_spec(spec, fields, agent_token=lower_only)
             if diff:
                 old = spec.to_json()
                 events.append(_patch.spec_changed(agent_id, old, diff, by=by, why=why, note=note))
@@ -791,7 +793,6 @@ class AgentService:
             assert after is not None
             result = CommandResult(200, _listing.redact(after))  # no env values served
             await self._commit(events, idempotency_key, command, result)
-            self._specs[agent_id] = new_spec
             return result
 
     async def record_gateway_freeze(self, target: str, freeze: Json) -> None:
