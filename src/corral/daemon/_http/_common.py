@@ -109,7 +109,8 @@ _ERROR_DESCRIPTIONS = {
     401: "Missing or wrong bearer token",
     403: "An agent's token used beyond that agent and its descendants (or for a person's business)",
     404: "No agent with that id",
-    409: "The agent (or its run) cannot take the command now",
+    409: "The agent (or its run) cannot take the command now, or the name given is held by "
+    "several agents (ambiguous_name: give the id)",
     413: "Body over the size limit",
     415: "The body is not declared as JSON",
     422: "The idempotency key was used for another command",
@@ -242,8 +243,11 @@ class ApiRoute:
         extra = None
         if self.body is not None:
             extra = request_body_schema(self.body, required=self.body_required)
-        # Every route checks its parameters (check_parameters): each may answer 400.
+        # Every route checks its parameters (check_parameters): each may answer 400, and
+        # one naming an agent 409 (a name several agents hold: ambiguous_name).
         responses = {**errors(400), **self.responses}
+        if "{agent_id}" in self.path:
+            responses = {**errors(409), **responses}
         app.add_api_route(
             self.path,
             self.endpoint,
