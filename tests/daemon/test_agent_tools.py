@@ -144,5 +144,7 @@ async def test_a_model_cannot_spawn_a_child_of_higher_priority_than_its_own(
     assert "'high'" in refused.value.message
     assert [a["id"] for a in service.list_agents()] == [lead]  # nothing made
     for priority in ("high", "normal", "low"):
-        made = json.loads(await tools["agent_spawn"].call({"spec": {**spec, "priority": priority}}))
+        # Names are unique among a run's live agents: one helper per priority.
+        named = {**spec, "name": f"w-{priority}", "priority": priority}
+        made = json.loads(await tools["agent_spawn"].call({"spec": named}))
         assert made["spec"]["priority"] == priority

@@ -234,7 +234,7 @@ async def test_patch_over_http_with_typed_errors_and_an_openapi_body(front: Fron
         document = (await client.get("/openapi.json")).json()
     operation = document["paths"]["/agents/{agent_id}"]["patch"]
     schema = operation["requestBody"]["content"]["application/json"]["schema"]
-    assert schema == {"$ref": "#/components/schemas/BudgetBody"}
+    assert schema == {"$ref": "#/components/schemas/PatchBody"}
     assert {"400", "403", "404", "409"} <= set(operation["responses"])
 
 

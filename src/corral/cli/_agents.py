@@ -98,7 +98,7 @@ def prompt(
 def stop(
     ctx: typer.Context,
     agent_id: Annotated[
-        str | None, typer.Argument(help="The agent's id, like a_1f2e3d4c (or give --run).")
+        str | None, typer.Argument(help="The agent's id or name (or give --run).")
     ] = None,
     run: Annotated[
         str | None,

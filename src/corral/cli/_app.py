@@ -33,6 +33,7 @@ def build_app() -> "typer.Typer":
         _gateway,
         _logs,
         _options,
+        _patch,
         _runs,
         _tokens,
     )
@@ -53,6 +54,7 @@ def build_app() -> "typer.Typer":
         _agents.prompt,
         _agents.stop,
         _agents.budget,
+        _patch.patch,
         _runs.run,
         _events.events,
         _logs.logs,

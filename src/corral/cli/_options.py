@@ -27,7 +27,7 @@ TokenOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-AgentArg = Annotated[str, typer.Argument(help="The agent's id, like a_1f2e3d4c.")]
+AgentArg = Annotated[str, typer.Argument(help="The agent's id (like a_1f2e3d4c) or its name.")]
 KeyOpt = Annotated[
     str | None,
     typer.Option("--key", help="Idempotency key: a retry with it is not applied twice."),

@@ -7,12 +7,17 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from corral.daemon import _approvals, _listing
+from corral.daemon import _approvals, _listing, _names
 from corral.daemon._approvals import Verdict
 from corral.daemon._auth import Caller
 from corral.daemon._client import page_args, spec_mapping
 from corral.daemon._databases import Databases, waiting_decisions
-from corral.daemon._errors import AnswerNotAcceptedError, DecisionNotFoundError, OutOfScopeError
+from corral.daemon._errors import (
+    AnswerNotAcceptedError,
+    DecisionNotFoundError,
+    NameTakenError,
+    OutOfScopeError,
+)
 from corral.daemon._events import Event
 from corral.daemon._headcount import PRIORITIES
 from corral.daemon._policy import BUDGET_EXHAUSTED
@@ -64,6 +69,18 @@ class AgentApi(Protocol):
         why: str | None = None,
         idempotency_key: str | None = None,
     ) -> Json: ...
+
+    async def patch(
+        self,
+        agent_id: str,
+        changes: Mapping[str, Any],
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json:
+        """Change a live agent: ``changes`` holds ``budget``, ``notifyOn`` and/or
+        ``guardrails`` (camelCase, as ``PATCH /agents/{id}`` takes them); its record."""
+        ...
 
     async def get(self, agent_id: str) -> Json: ...
 
@@ -193,6 +210,16 @@ class ScopedService:
         if self.principal is not None and not self.service.in_scope(self.principal, agent_id):
             raise OutOfScopeError(self.principal, f"agent {agent_id!r}")
 
+    def resolve(self, ref: str) -> str:
+        """The id of the agent ``ref`` (an id or a name) stands for, among the agents the
+        caller reaches; ``ref`` itself when none is (see :mod:`._names`)."""
+        principal = self.principal
+        if principal is None:
+            return _names.resolve(self.service.store.state.agents, ref)
+        return _names.resolve(
+            self.service.store.state.agents, ref, lambda a: self.service.in_scope(principal, a)
+        )
+
     def check_live(self) -> None:
         """An ended agent's token opens nothing any more: whatever it left running loses
         its reach with it (``OutOfScopeError``)."""
@@ -216,13 +243,13 @@ class ScopedService:
     async def spawn(
         self, spec: AgentSpec | Mapping[str, Any], idempotency_key: str | None = None
     ) -> CommandResult:
-        """A new agent; an agent's token spawns only under an agent it reaches."""
-        if self.principal is None:
-            return await self.service.spawn(
-                spec if isinstance(spec, AgentSpec) else dict(spec),
-                idempotency_key=idempotency_key,
-            )
+        """A new agent; an agent's token spawns only under an agent it reaches. Its
+        ``parent`` may be named by id or name (the record holds the id)."""
         parsed = spec if isinstance(spec, AgentSpec) else parse_spec(dict(spec))
+        if parsed.parent is not None:
+            parsed = parsed.model_copy(update={"parent": self.resolve(parsed.parent)})
+        if self.principal is None:
+            return await self.service.spawn(parsed, idempotency_key=idempotency_key)
         if parsed.parent is None:
             raise OutOfScopeError(self.principal, "a new root agent (give a parent)")
         if has_custom(parsed.guardrails):
@@ -248,7 +275,11 @@ class ScopedService:
                 f"a child of priority {parsed.priority!r} (its own spec's priority is {mine!r})",
             )
         self.check(parsed.parent)
-        return await self.service.spawn(parsed, idempotency_key=idempotency_key)
+        principal = self.principal
+        try:
+            return await self.service.spawn(parsed, idempotency_key=idempotency_key)
+        except NameTakenError as exc:
+            raise _names.hidden(exc, lambda a: self.service.in_scope(principal, a)) from None
 
     async def prompt(
         self,
@@ -295,6 +326,29 @@ class ScopedService:
         self.check(agent_id)
         by, note = self.attribution(by, "changing a budget")
         return await self.service.change_budget(
+            agent_id,
+            changes,
+            by=by,
+            why=why,
+            idempotency_key=idempotency_key,
+            lower_only=self.principal,
+            note=note,
+        )
+
+    async def patch(
+        self,
+        agent_id: str,
+        changes: Mapping[str, Any],
+        *,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> CommandResult:
+        """Change a live agent in reach (budget, notifyOn, guardrails: see ``_patch``); an
+        agent's token may only tighten, and in its own name."""
+        self.check(agent_id)
+        by, note = self.attribution(by, "changing an agent")
+        return await self.service.patch(
             agent_id,
             changes,
             by=by,
@@ -355,10 +409,11 @@ class ScopedService:
     ) -> Json:
         """A page of summaries (see :mod:`._listing`); an agent's token sees its subtree."""
         self.check_live()
+        parent = _listing.check_filter("parent", parent)
         filters = {
             "state": _listing.check_filter("state", state),
             "run": _listing.check_filter("run", run),
-            "parent": _listing.check_filter("parent", parent),
+            "parent": parent and self.resolve(parent),  # an id or a name
             "name": _listing.check_filter("name", name),
         }
         return self.service.list_page(within=self.principal, limit=limit, cursor=cursor, **filters)
@@ -666,6 +721,12 @@ class LocalApi:
         """Who this API acts as (see :attr:`ScopedService.caller_name`)."""
         return self._scope.caller_name
 
+    def resolve(self, ref: str) -> str:
+        """The id of the agent ``ref`` (an id or a name) stands for, in this API's reach
+        (see :meth:`ScopedService.resolve`)."""
+        v.non_empty_str("resolve", "ref", ref)
+        return self._scope.resolve(ref)
+
     async def spawn(self, spec: Mapping[str, Any], idempotency_key: str | None = None) -> Json:
         spec_mapping("spawn", "spec", spec)
         return (await self._scope.spawn(spec, idempotency_key)).body
@@ -706,6 +767,21 @@ class LocalApi:
         v.non_empty_str("budget", "agent_id", agent_id)
         result = await self._scope.change_budget(
             agent_id, budget, by=by, why=why, idempotency_key=idempotency_key
+        )
+        return result.body
+
+    async def patch(
+        self,
+        agent_id: str,
+        changes: Mapping[str, Any],
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json:
+        v.non_empty_str("patch", "agent_id", agent_id)
+        v.instance_of("patch", "changes", changes, Mapping)
+        result = await self._scope.patch(
+            agent_id, changes, by=by, why=why, idempotency_key=idempotency_key
         )
         return result.body
 

@@ -275,6 +275,23 @@ class HttpApi:
         }
         return dict(await self._call("PATCH", f"/agents/{_seg(agent_id)}", body))
 
+    async def patch(
+        self,
+        agent_id: str,
+        changes: Mapping[str, Any],
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json:
+        v.non_empty_str("patch", "agent_id", agent_id)
+        if not isinstance(changes, Mapping):
+            raise InvalidArgumentError("patch", "changes", "a mapping of fields to change", changes)
+        body = {
+            **dict(changes),
+            **_command({"by": by, "why": why, "idempotencyKey": idempotency_key}),
+        }
+        return dict(await self._call("PATCH", f"/agents/{_seg(agent_id)}", body))
+
     async def get(self, agent_id: str) -> Json:
         v.non_empty_str("get", "agent_id", agent_id)
         return dict(await self._call("GET", f"/agents/{_seg(agent_id)}"))

@@ -91,6 +91,49 @@ class TurnNotFoundError(DaemonError):
         super().__init__(f"agent {agent_id!r} has no turn {turn}", agent_id=agent_id, turn=turn)
 
 
+class NameTakenError(DaemonError):
+    """A live agent of the run already has the name a new agent asks for (names are
+    unique among the live agents of a run); ``holder`` is its id (None: beyond the
+    caller's reach)."""
+
+    code = "name_taken"
+
+    def __init__(self, name: str, run_id: str, holder: str | None) -> None:
+        who = (
+            f"live agent {holder!r}"
+            if holder is not None
+            else "a live agent beyond this token's reach"
+        )
+        super().__init__(
+            f"the name {name!r} is taken in run {run_id!r} by {who}; names are unique among "
+            "the live agents of a run: choose another, or stop the holder first",
+            name=name,
+            run_id=run_id,
+            holder=holder,
+        )
+        self.name = name
+        self.run_id = run_id
+        self.holder = holder
+
+
+class AmbiguousNameError(DaemonError):
+    """A name several agents hold (in several runs, or none of them live): give the id.
+    ``candidates`` lists some of them (``{id, runId, state, parent, createdAt}``), ``total``
+    says how many there are."""
+
+    code = "ambiguous_name"
+
+    def __init__(self, name: str, candidates: list[dict[str, Any]], total: int) -> None:
+        shown = ", ".join(f"{c['id']} ({c['state']}, run {c['runId']})" for c in candidates)
+        more = f" and {total - len(candidates)} more" if total > len(candidates) else ""
+        super().__init__(
+            f"{total} agents are named {name!r}: {shown}{more}; give the agent's id",
+            name=name,
+            candidates=candidates,
+            total=total,
+        )
+
+
 class AgentNotLiveError(DaemonError):
     """The agent has ended (stopped or failed); it cannot take prompts any more."""
 

@@ -21,6 +21,8 @@ TURN_INTERRUPTED = "agent.turn_interrupted"
 STATE_CHANGED = "agent.state_changed"
 SUPERVISION_NEEDED = "agent.supervision_needed"
 BUDGET_CHANGED = "agent.budget_changed"
+# A person (or an agent, tightening) changed a live agent's notifyOn or guardrails (_patch)
+SPEC_CHANGED = "agent.spec_changed"
 WORKDIR_RECREATED = "agent.workdir_recreated"
 TURN_STALLED = "agent.turn_stalled"
 STALL_RECOVERY = "agent.stall_recovery"
@@ -51,6 +53,7 @@ EVENT_TYPES = frozenset(
         STATE_CHANGED,
         SUPERVISION_NEEDED,
         BUDGET_CHANGED,
+        SPEC_CHANGED,
         WORKDIR_RECREATED,
         TURN_STALLED,
         STALL_RECOVERY,

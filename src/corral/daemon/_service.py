@@ -19,6 +19,7 @@ import secrets
 import shutil
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,9 @@ from corral.daemon import (
     _decisions,
     _headcount,
     _listing,
+    _names,
     _notices,
+    _patch,
     _queries,
     _retention,
     _runs,
@@ -215,9 +218,11 @@ class AgentService:
         self.clock = clock
         self._mutex = asyncio.Lock()
         self._turns: dict[str, asyncio.Task[None]] = {}
-        # Each agent's parsed spec (a spec never changes): filled at spawn, and on first use
-        # for agents loaded from the store, so a turn does not parse the record's JSON again.
+        # Each agent's parsed spec: filled at spawn, and on first use for agents loaded from
+        # the store, so a turn does not parse the record's JSON again; made again when a
+        # PATCH replaced the record's spec (see _spec).
         self._specs: dict[str, AgentSpec] = {}
+        self._spec_raw: dict[str, object] = {}  # the record's spec each was made from
         self._feed = EventFeed(store, subscriber_buffer)
         self._closed = False
         # Releases of ended agents' harness workers, run off the mutex (see _release_soon).
@@ -455,6 +460,7 @@ class AgentService:
             state = self.store.state
             parent = _admission.parent_of(state, spec, self.harnesses)
             run_id = parent["runId"] if parent else new_id()
+            _names.check_spawn(state.agents, run_id, spec.name)
             agent_id = self._new_agent_id()
             # A slot of the run's headcount, or the agent paused for it (refused otherwise).
             paused = await self._headcount.admit(state, run_id, agent_id, spec, self._spec)
@@ -708,18 +714,8 @@ class AgentService:
             if answering is not None:
                 _headcount.refuse_if_paused(rec)  # its hold is answered once it resumes
             spec = self._spec(agent_id)
-            current = _budget.in_force(rec, spec)
-            new = _budget.changed(current, changes)
-            if lower_only is not None and _budget.raises(new, current):
-                raise OutOfScopeError(lower_only, "raising a budget (a person decides)")
             now = self.clock.now()
-            # No more than its ancestors have left (see _tree_budget), and it says so.
-            new, capped = _tree_budget.on_change(
-                rec, current, new, self.store.state.agents.get, now
-            )
-            events = _decisions.budget_changed(
-                self.store.state, rec, spec, new, by, why, now, note, capped=capped
-            )
+            events = self._budget_events(rec, spec, changes, by, why, note, lower_only, now)
             after = preview(self.store.state, events, now.isoformat()).get_agent(agent_id)
             assert after is not None
             if answering is not None and after["state"] == "blocked":
@@ -727,9 +723,81 @@ class AgentService:
                 raise AgentBudgetExhaustedError(
                     agent_id, _decisions.held_on_budget(after, spec, now)
                 )
-            result = CommandResult(200, dict(after))
+            result = CommandResult(200, _listing.redact(after))  # no env values served
             if answering is not None:
                 result = CommandResult(200, answering.body(agent_id))
+            await self._commit(events, idempotency_key, command, result)
+            return result
+
+    def _budget_events(
+        self,
+        rec: AgentRecord,
+        spec: AgentSpec,
+        changes: Mapping[str, Any],
+        by: str | None,
+        why: str | None,
+        note: str | None,
+        lower_only: str | None,
+        now: datetime,
+    ) -> list[NewEvent]:
+        """The events of a budget change (see :meth:`change_budget`)."""
+        current = _budget.in_force(rec, spec)
+        new = _budget.changed(current, changes)
+        if lower_only is not None and _budget.raises(new, current):
+            raise OutOfScopeError(lower_only, "raising a budget (a person decides)")
+        # No more than its ancestors have left (see _tree_budget), and it says so.
+        new, capped = _tree_budget.on_change(rec, current, new, self.store.state.agents.get, now)
+        return _decisions.budget_changed(
+            self.store.state, rec, spec, new, by, why, now, note, capped=capped
+        )
+
+    async def patch(
+        self,
+        agent_id: str,
+        changes: Mapping[str, Any],
+        *,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+        lower_only: str | None = None,
+        note: str | None = None,
+    ) -> CommandResult:
+        """Change what may change of a live agent (``PATCH /agents/{id}``): its ``budget``
+        (as :meth:`change_budget`), ``notifyOn`` and ``guardrails`` (see :mod:`._patch`),
+        in one transaction; 200 with its record. ``lower_only``: the agent whose own token
+        asks, which may only tighten."""
+        budget = changes.get("budget")
+        fields = {k: v for k, v in changes.items() if k != "budget"}
+        if not fields and budget is not None:
+            return await self.change_budget(
+                agent_id,
+                budget,
+                by=by,
+                why=why,
+                idempotency_key=idempotency_key,
+                lower_only=lower_only,
+                note=note,
+            )
+        command = {"command": "patch", "agent": agent_id, "changes": dict(changes)}
+        async with self._mutex:
+            replayed = _commands.replayed(self.store.state, idempotency_key, command)
+            if replayed is not None:
+                return replayed
+            self._refuse_if_closed("patch")
+            rec = self._live(agent_id)
+            spec = self._spec(agent_id)
+            now = self.clock.now()
+            events: list[NewEvent] = []
+            if budget is not None:
+                events += self._budget_events(rec, spec, budget, by, why, note, lower_only, now)
+            # The new spec is made again from the record when next used (see _spec).
+            _, diff = _patch.changed_spec(spec, fields, agent_token=lower_only)
+            if diff:
+                old = spec.to_json()
+                events.append(_patch.spec_changed(agent_id, old, diff, by=by, why=why, note=note))
+            after = preview(self.store.state, events, now.isoformat()).get_agent(agent_id)
+            assert after is not None
+            result = CommandResult(200, _listing.redact(after))  # no env values served
             await self._commit(events, idempotency_key, command, result)
             return result
 
@@ -1640,10 +1708,14 @@ class AgentService:
         return rec
 
     def _spec(self, agent_id: str) -> AgentSpec:
+        raw = self.store.state.agents[agent_id]["spec"]
         spec = self._specs.get(agent_id)
-        if spec is None:
-            spec = AgentSpec.model_validate(self.store.state.agents[agent_id]["spec"])
+        # A PATCH replaces the record's spec (agent.spec_changed), here or in a daemon
+        # sharing the store: a spec made from another record's is made again.
+        if spec is None or self._spec_raw.get(agent_id) is not raw:
+            spec = AgentSpec.model_validate(raw)
             self._specs[agent_id] = spec
+            self._spec_raw[agent_id] = raw
         return spec
 
     def _new_agent_id(self) -> str:

@@ -43,7 +43,7 @@ PAUSED = "paused"  # preempted at its run's headcount cap (see _headcount); hold
 ENDED_STATES = frozenset({"failed", "stopped"})
 BUSY_STATES = frozenset({"running", "waiting"})  # a turn is in flight
 
-PROJECTIONS_VERSION = 4
+PROJECTIONS_VERSION = 5
 """Bumped whenever the reducer builds the projections differently: a store whose stored
 projections carry another version rebuilds them from the log when it opens."""
 
@@ -386,6 +386,13 @@ def _budget_changed(tx: Tx, event: Event) -> None:
     rec["updatedAt"] = event.ts
 
 
+def _spec_changed(tx: Tx, event: Event) -> None:
+    # The spec's fields a live agent may have changed (see _patch), replaced whole.
+    rec = tx.agent(_agent_id(event))
+    rec["spec"] = {**rec["spec"], **event.data["changes"]}
+    rec["updatedAt"] = event.ts
+
+
 def _stall_recovery(tx: Tx, event: Event) -> None:
     rec = tx.agent(_agent_id(event))
     data = cast(StallRecoveryData, event.data)
@@ -534,6 +541,7 @@ def _token_revoked(tx: Tx, event: Event) -> None:
 
 _HANDLERS: dict[str, Callable[[Tx, Event], None]] = {
     ev.AGENT_CREATED: _created,
+    ev.SPEC_CHANGED: _spec_changed,
     ev.TURN_STARTED: _turn_started,
     ev.TURN_COMPLETED: _turn_completed,
     ev.TURN_FAILED: _turn_failed,

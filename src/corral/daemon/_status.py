@@ -33,6 +33,8 @@ STATUS: dict[str, int] = {
     "token_not_found": 404,
     "method_not_allowed": 405,
     "agent_not_live": 409,
+    "name_taken": 409,
+    "ambiguous_name": 409,
     "agent_busy": 409,
     "agent_paused": 409,
     "budget_exhausted": 409,

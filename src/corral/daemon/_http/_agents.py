@@ -69,22 +69,6 @@ class BudgetChange(RequestBody):
     deadline_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
-class BudgetBody(RequestBody):
-    """``PATCH /agents/{id}``: change the agent's budget, recorded with who and why."""
-
-    what = "budget body"
-    required = True
-
-    budget: BudgetChange
-    by: str | None = Field(default=None, min_length=1)
-    why: str = Field(min_length=1)
-    idempotency_key: str | None = Field(default=None, min_length=1)
-
-    def changes(self) -> dict[str, Any]:
-        """The dimensions given, camelCase (None: unlimited)."""
-        return self.budget.model_dump(by_alias=True, include=self.budget.model_fields_set)
-
-
 class SpawnBody(AgentSpec):
     """``POST /agents``: an agent spec plus an optional idempotency key."""
 
@@ -180,26 +164,6 @@ async def stop(agent_id: str, request: Request) -> JSONResponse:
     return command_response(result)
 
 
-async def change_budget(agent_id: str, request: Request) -> JSONResponse:
-    api = api_of(request)
-    api.check(agent_id)  # out of reach is refused before the body is read
-    body = await BudgetBody.read(request)
-    changes = body.changes()
-    if not changes:
-        raise InvalidRequestError(
-            [{"field": "budget", "message": "must change at least one dimension"}],
-            BudgetBody.what,
-        )
-    result = await api.change_budget(
-        agent_id,
-        changes,
-        by=body.by,
-        why=body.why,
-        idempotency_key=body.idempotency_key,
-    )
-    return command_response(result)
-
-
 async def inbox(agent_id: str, request: Request) -> JSONResponse:
     return JSONResponse({"agentId": agent_id, "notices": api_of(request).inbox(agent_id)})
 
@@ -239,6 +203,8 @@ async def events(
             ],
             "event cursor",
         )
+    if agent is not None:
+        agent = api.resolve(agent)  # an id or a name
     api.check_events(agent)
     if agent is not None:
         api.service.get(agent)  # 404 for an unknown agent
@@ -358,15 +324,6 @@ ROUTES = [
         responses=errors(401, 403, 422),
     ),
     ApiRoute("GET", "/agents/{agent_id}", get_agent, "One agent", responses=errors(401, 403, 404)),
-    body_route(
-        "PATCH",
-        "/agents/{agent_id}",
-        change_budget,
-        "Change an agent's budget (releases an agent held on its budget)",
-        BudgetBody,
-        status_code=200,
-        responses=_COMMAND_ERRORS,
-    ),
     body_route(
         "POST",
         "/agents/{agent_id}/prompt",

@@ -31,7 +31,7 @@ from corral.daemon._auth import (
 )
 from corral.daemon._databases import Databases
 from corral.daemon._errors import InvalidRequestError, UnauthorizedError
-from corral.daemon._http import _agents, _decisions, _gateway, _runs, _tokens, _turns
+from corral.daemon._http import _agents, _decisions, _gateway, _patch, _runs, _tokens, _turns
 from corral.daemon._http._common import (
     ApiRoute,
     BodyTooLargeError,
@@ -51,6 +51,7 @@ logger = logging.getLogger("corral.daemon.http")
 ROUTES: list[ApiRoute] = [
     *_agents.ROUTES,
     *_turns.ROUTES,
+    *_patch.ROUTES,
     *_runs.ROUTES,
     *_decisions.ROUTES,
     *_tokens.ROUTES,

@@ -109,7 +109,8 @@ _ERROR_DESCRIPTIONS = {
     401: "Missing or wrong bearer token",
     403: "An agent's token used beyond that agent and its descendants (or for a person's business)",
     404: "No agent with that id",
-    409: "The agent (or its run) cannot take the command now",
+    409: "The agent (or its run) cannot take the command now, or the name given is held by "
+    "several agents (ambiguous_name: give the id)",
     413: "Body over the size limit",
     415: "The body is not declared as JSON",
     422: "The idempotency key was used for another command",
@@ -242,8 +243,11 @@ class ApiRoute:
         extra = None
         if self.body is not None:
             extra = request_body_schema(self.body, required=self.body_required)
-        # Every route checks its parameters (check_parameters): each may answer 400.
+        # Every route checks its parameters (check_parameters): each may answer 400, and
+        # one naming an agent 409 (a name several agents hold: ambiguous_name).
         responses = {**errors(400), **self.responses}
+        if "{agent_id}" in self.path:
+            responses = {**errors(409), **responses}
         app.add_api_route(
             self.path,
             self.endpoint,
@@ -260,8 +264,9 @@ async def check_parameters(request: Request) -> None:
     """Refuse (400 ``invalid_request``) a query parameter the route does not declare, and a
     query or path parameter holding what no identifier may (control characters, NUL, lone
     surrogates): unknown body fields are refused too, so a misspelt parameter is never
-    silently ignored. Runs before the endpoint, on every route of the API (async: a plain
-    function would be sent to a worker thread on every request)."""
+    silently ignored. Then an ``agent_id`` path parameter that names an agent is replaced by
+    its id. Runs before the endpoint, on every route of the API (async: a plain function
+    would be sent to a worker thread on every request)."""
     route = request.scope.get("route")
     dependant = getattr(route, "dependant", None)
     declared = {p.alias for p in dependant.query_params} if dependant is not None else set()
@@ -282,6 +287,11 @@ async def check_parameters(request: Request) -> None:
             problems.append({"field": name, "message": message})
     if problems:
         raise InvalidRequestError(problems, "request parameters")
+    agent = request.path_params.get("agent_id")
+    if isinstance(agent, str):
+        # An agent is addressed by its id or its name (corral.daemon._names): the endpoint
+        # is given the id.
+        request.path_params["agent_id"] = api_of(request).resolve(agent)
 
 
 def body_route(

@@ -13,7 +13,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from corral.daemon._api import AgentApi
+from corral.daemon._api import AgentApi, LocalApi
 from corral.daemon._errors import InvalidRequestError
 from corral.daemon._spec import AgentSpec, problems_of
 from corral.daemon._text import json_problems
@@ -36,7 +36,7 @@ _KEY = Field(
     description="Idempotency key: a retry with the same key gets the first answer and "
     "is not applied twice.",
 )
-_AGENT = Field(min_length=1, description="The agent's id, like a_1f2e3d4c.")
+_AGENT = Field(min_length=1, description="The agent's id (like a_1f2e3d4c) or its name.")
 _BY = Field(default=None, description="Who decides (recorded when it resolves a decision).")
 _WHY = Field(default=None, description="Why (recorded when it resolves a decision).")
 
@@ -252,7 +252,7 @@ async def run_tool(tool: Tool, api: AgentApi, args: Args) -> dict[str, Any]:
     Every refusal is the ``CorralError`` the API raised; anything else (a bug) is logged and
     raised as a ``CorralError`` that says the tool failed inside the daemon."""
     try:
-        return await tool.run(api, args)
+        return await tool.run(api, _resolved(api, args))
     except CorralError:
         raise
     except Exception:
@@ -260,6 +260,15 @@ async def run_tool(tool: Tool, api: AgentApi, args: Args) -> dict[str, Any]:
         raise CorralError(
             f"{tool.name} failed inside the daemon; see its log", tool=tool.name
         ) from None
+
+
+def _resolved(api: AgentApi, args: Args) -> Args:
+    """``args`` with ``agentId`` as the id of the agent it names (an id or a name: see
+    corral.daemon._names); a daemon reached over HTTP resolves it itself."""
+    ref = getattr(args, "agent_id", None)
+    if isinstance(api, LocalApi) and isinstance(ref, str):
+        return args.model_copy(update={"agent_id": api.resolve(ref)})
+    return args
 
 
 def input_schema(args: type[Args]) -> dict[str, Any]:
