@@ -33,6 +33,7 @@ STATUS: dict[str, int] = {
     "method_not_allowed": 405,
     "agent_not_live": 409,
     "agent_busy": 409,
+    "agent_live": 409,
     "agent_paused": 409,
     "budget_exhausted": 409,
     "spawn_budget_exceeded": 409,

@@ -31,7 +31,7 @@ from corral.daemon._auth import (
 )
 from corral.daemon._databases import Databases
 from corral.daemon._errors import InvalidRequestError, UnauthorizedError
-from corral.daemon._http import _agents, _decisions, _gateway, _runs, _tokens
+from corral.daemon._http import _agents, _decisions, _gateway, _lifecycle, _runs, _tokens
 from corral.daemon._http._common import (
     ApiRoute,
     BodyTooLargeError,
@@ -50,6 +50,7 @@ logger = logging.getLogger("corral.daemon.http")
 
 ROUTES: list[ApiRoute] = [
     *_agents.ROUTES,
+    *_lifecycle.ROUTES,
     *_runs.ROUTES,
     *_decisions.ROUTES,
     *_tokens.ROUTES,
