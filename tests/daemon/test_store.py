@@ -666,3 +666,26 @@ def test_bad_arguments_are_refused(kwargs: dict[str, Any], argument: str) -> Non
     with pytest.raises(InvalidArgumentError, match=f"PostgresStore: {argument} must be") as info:
         PostgresStore(**kwargs)
     assert info.value.argument == argument
+
+
+# --- deleting an agent (see corral.daemon._lifecycle) ---------------------------------------
+
+
+async def test_a_deleted_agent_leaves_no_rows_in_either_store(
+    backend: Backend, store: Store
+) -> None:
+    await store.append([created("a_parent"), created("a_child", parent="a_parent")])
+    await store.append([started("a_child", 1, "hello")])
+    notice = ev.notice("a_child", store.state.agents["a_parent"], "done", "pending")
+    await store.append([notice])
+    await store.append([ev.deleted("a_child", "ops", None, with_=None)])
+    assert "a_child" not in store.state.agents
+    assert store.state.agents["a_parent"]["children"] == []
+    assert "a_child" not in store.state.sessions
+    assert not [n for n in store.state.notices.values() if n["to"] == "a_child"]
+    snapshot = store.state.snapshot()
+    await store.close()
+    again = await backend.open()
+    assert again.state.snapshot() == snapshot
+    assert (await again.replay()).snapshot() == snapshot
+    assert [e.type for e in await again.read(agent_id="a_child")][-1] == ev.AGENT_DELETED
