@@ -53,10 +53,12 @@ def stop(
         print_json(answer)
         return
     stopped = answer.get("stopped") or [agent_id]
-    say(f"{answer.get('id', agent_id)}: stop accepted, {len(stopped)} agent(s) stopped")
-    if len(stopped) > 1:
-        for one in stopped:
-            say(f"  {one}")
+    if len(stopped) == 1:
+        say(f"{answer.get('id', agent_id)}: stop accepted")
+        return
+    say(f"{answer.get('id', agent_id)}: stop accepted, {len(stopped)} agents, children first")
+    for one in stopped:
+        say(f"  {one}")
 
 
 def restart(

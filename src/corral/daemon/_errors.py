@@ -101,7 +101,7 @@ class AgentLiveError(DaemonError):
     code = "agent_live"
 
     def __init__(self, agent_id: str, state: str, command: str, *, of: str | None = None) -> None:
-        whose = f"agent {agent_id!r}" if of is None else f"agent {of!r}'s descendant {agent_id!r}"
+        whose = f"agent {agent_id!r}" if of is None else f"descendant {agent_id!r} of {of!r}"
         details: dict[str, Any] = {"agent_id": agent_id, "state": state}
         if of is not None:
             details["of"] = of

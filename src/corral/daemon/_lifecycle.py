@@ -67,7 +67,7 @@ def deletion_order(state: State, rec: AgentRecord) -> list[AgentRecord]:
     nodes = _runs.tree(state, rec)
     order = sorted(range(len(nodes)), key=lambda i: -nodes[i]["depth"])
     found = [state.agents[nodes[i]["id"]] for i in order]
-    for one in found:
+    for one in sorted(found, key=lambda r: r["id"] != rec["id"]):  # itself named first
         if one["state"] not in ENDED_STATES:
             of = None if one["id"] == rec["id"] else rec["id"]
             raise AgentLiveError(one["id"], one["state"], "deleted", of=of)
