@@ -569,7 +569,7 @@ async def test_notices_waiting_for_a_parent_that_fails_are_dropped(env: Env) -> 
 async def test_a_notice_to_a_parent_that_has_ended_is_dropped_at_once(env: Env) -> None:
     parent = await env.spawn(name="boss")
     child = await env.spawn(name="w", parent=parent, notifyOn=["done"], onFailure="ask")
-    await env.service.stop(parent)
+    await env.service.stop(parent, keep_children=True)
     env.harness.script("w", fail("no key"), "fixed")
     await env.service.prompt(child, "go")
     await env.until(child, "blocked")
