@@ -163,6 +163,17 @@ async def test_supervision_from_the_command_line(daemon: FrontDoor, tmp_path: Pa
     err = refused(await corral("--url", daemon.url, "prompt", child), 2)
     assert err.startswith(f"error agent_not_live: agent '{child}' is stopped;")
 
+    restarted = ok(await corral("--url", daemon.url, "restart", child, "--why", "again"))
+    assert restarted == f"{child}: restart accepted, runs turn 3\n"
+    await settle(lambda: daemon.state(child) == "idle")
+    err = refused(await corral("--url", daemon.url, "rm", parent), 2)
+    assert err.startswith(f"error agent_live: agent '{parent}' is idle;")
+    stopped = ok(await corral("--url", daemon.url, "stop", parent, "--now"))
+    assert stopped == f"{parent}: stop accepted, 2 agents, children first\n  {child}\n  {parent}\n"
+    gone = json.loads(ok(await corral("--url", daemon.url, "rm", parent, "--json")))
+    assert gone == {"id": parent, "deleted": [child, parent]}
+    refused(await corral("--url", daemon.url, "show", child), 2)
+
 
 HOSTILE = "\x1b[2J\x1b]0;pwned\x07red\r\nforged line\u202e"
 SHOWN = "\\x1b[2J\\x1b]0;pwned\\x07red\\r\\nforged line\\u202e"

@@ -452,7 +452,7 @@ async def test_an_ended_agents_token_opens_nothing(service: AgentService) -> Non
     api = LocalApi(service)
     lead = await _agent(service, name="lead")
     child = await _agent(service, name="child", parent=lead)
-    await service.stop(lead, by="alice", why="done")
+    await service.stop(lead, by="alice", why="done", keep_children=True)
     with pytest.raises(OutOfScopeError, match="the agent is stopped"):
         await api.as_agent(lead).list_agents()
     with pytest.raises(OutOfScopeError, match="the agent is stopped"):

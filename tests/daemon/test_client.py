@@ -66,7 +66,8 @@ async def exercise(api: AgentApi, harness: ScriptedHarness, state: Callable[[str
     assert harness.prompts(agent_id) == ["go", "try again"]
     assert await api.decisions() == []
 
-    assert await api.stop(agent_id, by="ana", why="done") == {"id": agent_id, "accepted": "stop"}
+    stopped = {"id": agent_id, "accepted": "stop", "stopped": [agent_id]}
+    assert await api.stop(agent_id, by="ana", why="done") == stopped
     assert (await api.get(agent_id))["state"] == "stopped"
 
     with pytest.raises(AgentNotLiveError) as not_live:

@@ -100,7 +100,7 @@ async def test_stop_answers_202_with_or_without_a_body(front: FrontDoor) -> None
         bare = await client.post(f"/agents/{first}/stop")
         with_body = await client.post(f"/agents/{second}/stop", json={"by": "ops", "why": "done"})
     assert (bare.status_code, with_body.status_code) == (202, 202)
-    assert bare.json() == {"id": first, "accepted": "stop"}
+    assert bare.json() == {"id": first, "accepted": "stop", "stopped": [first]}
     assert front.state(first) == front.state(second) == "stopped"
 
 
@@ -681,6 +681,7 @@ async def test_openapi_lists_the_paths_and_describes_the_bodies(front: FrontDoor
         "/agents/{agent_id}",
         "/agents/{agent_id}/prompt",
         "/agents/{agent_id}/stop",
+        "/agents/{agent_id}/restart",
         "/agents/{agent_id}/inbox",
         "/agents/{agent_id}/session",
         "/agents/{agent_id}/turns",

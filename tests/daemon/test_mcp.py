@@ -98,9 +98,9 @@ async def supervise(client: Client, state: Callable[[str], str], harness: Script
     assert structured(await client.call_tool("decisions_list"))["decisions"] == []
 
     stopped = await client.call_tool("agent_stop", {"agentId": child, "idempotencyKey": "s1"})
-    assert structured(stopped) == {"id": child, "accepted": "stop"}
+    assert structured(stopped) == {"id": child, "accepted": "stop", "stopped": [child]}
     again = await client.call_tool("agent_stop", {"agentId": child, "idempotencyKey": "s1"})
-    assert structured(again) == {"id": child, "accepted": "stop"}  # replayed, not refused
+    assert structured(again) == structured(stopped)  # replayed, not refused
     assert state(child) == "stopped"
     return child
 

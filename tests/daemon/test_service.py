@@ -240,7 +240,7 @@ async def test_a_stopped_parents_notices_are_dropped(env: Env) -> None:
     env.harness.script("w", fail(), "hang")
     child = await env.spawn(name="w", prompt="x", parent=parent, onFailure="ask")
     await env.until(child, "blocked")
-    await env.service.stop(parent)
+    await env.service.stop(parent, keep_children=True)
     assert [n["state"] for n in env.service.inbox(parent)] == ["dropped"]
     await env.service.stop(child)
     assert env.state(child) == "stopped"
@@ -276,7 +276,7 @@ async def test_stop_cancels_a_running_turn(env: Env) -> None:
     rec = env.service.get(agent_id)
     assert rec["state"] == "stopped"
     assert rec["turnInFlight"] is None
-    assert not _exists(rec["workdir"])
+    assert _exists(rec["workdir"])  # kept for a restart, until the agent is deleted
     await env.assert_replay_matches()
 
 
@@ -569,7 +569,7 @@ async def test_notices_waiting_for_a_parent_that_fails_are_dropped(env: Env) -> 
 async def test_a_notice_to_a_parent_that_has_ended_is_dropped_at_once(env: Env) -> None:
     parent = await env.spawn(name="boss")
     child = await env.spawn(name="w", parent=parent, notifyOn=["done"], onFailure="ask")
-    await env.service.stop(parent)
+    await env.service.stop(parent, keep_children=True)
     env.harness.script("w", fail("no key"), "fixed")
     await env.service.prompt(child, "go")
     await env.until(child, "blocked")

@@ -26,6 +26,7 @@ from corral.daemon import _events as ev
 from corral.daemon._records import AgentRecord, TurnUsage
 from corral.daemon._state import ReplayError, preview
 from corral.daemon.stores import PostgresStore
+from corral.daemon.stores._turns import TurnStore
 from corral.kernel import InvalidArgumentError, UsageError
 from corral.runtime import FakeClock
 
@@ -666,3 +667,33 @@ def test_bad_arguments_are_refused(kwargs: dict[str, Any], argument: str) -> Non
     with pytest.raises(InvalidArgumentError, match=f"PostgresStore: {argument} must be") as info:
         PostgresStore(**kwargs)
     assert info.value.argument == argument
+
+
+# --- deleting an agent (see corral.daemon._lifecycle) ---------------------------------------
+
+
+async def test_a_deleted_agent_leaves_no_rows_in_either_store(
+    backend: Backend, store: Store
+) -> None:
+    await store.append([created("a_parent"), created("a_child", parent="a_parent")])
+    await store.append([started("a_child", 1, "hello")])
+    notice = ev.notice("a_child", store.state.agents["a_parent"], "done", "pending")
+    await store.append([notice])
+    turns = cast(TurnStore, store)
+    for agent in ("a_child", "a_parent"):
+        record = {"agentId": agent, "turn": 1, "outcome": "succeeded"}
+        await turns.save_turn(record, {"output": "hello", "logs": []})
+    await store.append([ev.deleted("a_child", "ops", None, with_=None)])
+    assert await turns.list_turns("a_child") == []
+    assert await turns.get_turn("a_child", 1) is None
+    assert [r["turn"] for r in await turns.list_turns("a_parent")] == [1]
+    assert "a_child" not in store.state.agents
+    assert store.state.agents["a_parent"]["children"] == []
+    assert "a_child" not in store.state.sessions
+    assert not [n for n in store.state.notices.values() if n["to"] == "a_child"]
+    snapshot = store.state.snapshot()
+    await store.close()
+    again = await backend.open()
+    assert again.state.snapshot() == snapshot
+    assert (await again.replay()).snapshot() == snapshot
+    assert [e.type for e in await again.read(agent_id="a_child")][-1] == ev.AGENT_DELETED

@@ -152,7 +152,7 @@ async def test_a_parent_whose_woken_turns_fail_trips_its_breaker(team: Team) -> 
 async def test_an_ended_parent_is_not_woken(team: Team) -> None:
     parent = await team.spawn(name="boss", wake=True)
     child = await team.spawn(name="w", parent=parent, notifyOn=["done"])
-    await team.service.stop(parent)
+    await team.service.stop(parent, keep_children=True)
     await team.service.prompt(child, "x")
     await team.until(child, "idle")
     rec = await team.until(parent, "stopped")

@@ -1,5 +1,5 @@
-"""Commands on agents: spawn, list, show, prompt, stop, budget, an agent's inbox and its
-session."""
+"""Commands on agents: spawn, list, show, prompt, budget, an agent's inbox and its session
+(stop, restart and rm: ``_lifecycle``)."""
 
 import json
 import sys
@@ -9,7 +9,6 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from corral.cli import _runs
 from corral.cli._calls import call, refusals
 from corral.cli._options import AgentArg, ByOpt, JsonOpt, KeyOpt, WhyOpt, target
 from corral.cli._output import cell, print_json, print_table, say, state, stdout
@@ -93,35 +92,6 @@ def prompt(
         lambda api: api.prompt(agent_id, text, by=by, why=why, idempotency_key=key),
     )
     say(f"{answer.get('id', agent_id)}: {answer.get('accepted', 'prompt')} accepted")
-
-
-def stop(
-    ctx: typer.Context,
-    agent_id: Annotated[
-        str | None, typer.Argument(help="The agent's id or name (or give --run).")
-    ] = None,
-    run: Annotated[
-        str | None,
-        typer.Option("--run", help="Stop every agent of this run instead, children first."),
-    ] = None,
-    by: ByOpt = None,
-    why: WhyOpt = None,
-    key: KeyOpt = None,
-) -> None:
-    """End an agent, or with --run every agent of a run (turns in flight are cancelled)."""
-    if (agent_id is None) == (run is None):
-        from corral.kernel import InvalidArgumentError
-
-        with refusals():
-            raise InvalidArgumentError(
-                "stop", "agent", "an agent id or --run RUN, not both", agent_id
-            )
-    if run is not None:
-        _runs.stop_run(ctx, run, by, why, key)
-        return
-    assert agent_id is not None
-    answer = call(target(ctx), lambda api: api.stop(agent_id, by=by, why=why, idempotency_key=key))
-    say(f"{answer.get('id', agent_id)}: stop accepted")
 
 
 _DIMENSIONS = {

@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # the names, typed; each is imported on first use (see __geta
     from corral.daemon._errors import (
         AgentBudgetExhaustedError,
         AgentBusyError,
+        AgentLiveError,
         AgentNotFoundError,
         AgentNotLiveError,
         AgentPausedError,
@@ -113,6 +114,7 @@ _HOMES: dict[str, str] = {
     "AgentBudgetExhaustedError": "corral.daemon._errors",
     "AgentBusyError": "corral.daemon._errors",
     "AgentNotFoundError": "corral.daemon._errors",
+    "AgentLiveError": "corral.daemon._errors",
     "AgentNotLiveError": "corral.daemon._errors",
     "AgentPausedError": "corral.daemon._errors",
     "AgentService": "corral.daemon._service",
@@ -180,6 +182,7 @@ __all__ = [
     "AgentBudgetExhaustedError",
     "AgentBusyError",
     "AgentNotFoundError",
+    "AgentLiveError",
     "AgentNotLiveError",
     "AgentPausedError",
     "AgentService",

@@ -59,7 +59,29 @@ class AgentApi(Protocol):
         by: str | None = None,
         why: str | None = None,
         idempotency_key: str | None = None,
+        now: bool = False,
+        keep_children: bool = False,
     ) -> Json: ...
+
+    async def restart(
+        self,
+        agent_id: str,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json:
+        """Run a stopped or failed agent again: ``{"id", "accepted", "turn"}``."""
+        ...
+
+    async def delete(
+        self,
+        agent_id: str,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json:
+        """Delete an ended agent and its descendants: ``{"id", "deleted"}``."""
+        ...
 
     async def budget(
         self,
@@ -304,13 +326,50 @@ class ScopedService:
         by: str | None = None,
         why: str | None = None,
         idempotency_key: str | None = None,
+        now: bool = False,
+        keep_children: bool = False,
     ) -> CommandResult:
         self.check(agent_id)
         self.check_own_decision(agent_id)
         by, note = self.attribution(by, "stopping")
         return await self.service.stop(
-            agent_id, by=by, why=why, idempotency_key=idempotency_key, note=note
+            agent_id,
+            by=by,
+            why=why,
+            idempotency_key=idempotency_key,
+            note=note,
+            now=now,
+            keep_children=keep_children,
         )
+
+    async def restart(
+        self,
+        agent_id: str,
+        *,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> CommandResult:
+        """Restart an ended agent in reach (an agent's token: a descendant, in its own
+        name; its own token died with it)."""
+        self.check(agent_id)
+        by, _ = self.attribution(by, "restarting")
+        return await self.service.restart(agent_id, by=by, why=why, idempotency_key=idempotency_key)
+
+    async def delete(
+        self,
+        agent_id: str,
+        *,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> CommandResult:
+        """Delete an ended agent: a person's decision (an agent's token is refused), as it
+        deletes what supervision reads (sessions, working directories)."""
+        if self.principal is not None:
+            raise OutOfScopeError(self.principal, "deleting an agent (a person decides)")
+        by, _ = self.attribution(by, "deleting")
+        return await self.service.delete(agent_id, by=by, why=why, idempotency_key=idempotency_key)
 
     async def change_budget(
         self,
@@ -751,9 +810,42 @@ class LocalApi:
         by: str | None = None,
         why: str | None = None,
         idempotency_key: str | None = None,
+        now: bool = False,
+        keep_children: bool = False,
     ) -> Json:
         v.non_empty_str("stop", "agent_id", agent_id)
-        result = await self._scope.stop(agent_id, by=by, why=why, idempotency_key=idempotency_key)
+        result = await self._scope.stop(
+            agent_id,
+            by=by,
+            why=why,
+            idempotency_key=idempotency_key,
+            now=now,
+            keep_children=keep_children,
+        )
+        return result.body
+
+    async def restart(
+        self,
+        agent_id: str,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json:
+        v.non_empty_str("restart", "agent_id", agent_id)
+        result = await self._scope.restart(
+            agent_id, by=by, why=why, idempotency_key=idempotency_key
+        )
+        return result.body
+
+    async def delete(
+        self,
+        agent_id: str,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json:
+        v.non_empty_str("delete", "agent_id", agent_id)
+        result = await self._scope.delete(agent_id, by=by, why=why, idempotency_key=idempotency_key)
         return result.body
 
     async def budget(

@@ -253,10 +253,38 @@ class HttpApi:
         by: str | None = None,
         why: str | None = None,
         idempotency_key: str | None = None,
+        now: bool = False,
+        keep_children: bool = False,
     ) -> Json:
         v.non_empty_str("stop", "agent_id", agent_id)
         body = _command({"by": by, "why": why, "idempotencyKey": idempotency_key})
+        if now:
+            body["now"] = True
+        if keep_children:
+            body["keepChildren"] = True
         return dict(await self._call("POST", f"/agents/{_seg(agent_id)}/stop", body))
+
+    async def restart(
+        self,
+        agent_id: str,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json:
+        v.non_empty_str("restart", "agent_id", agent_id)
+        body = _command({"by": by, "why": why, "idempotencyKey": idempotency_key})
+        return dict(await self._call("POST", f"/agents/{_seg(agent_id)}/restart", body))
+
+    async def delete(
+        self,
+        agent_id: str,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Json:
+        v.non_empty_str("delete", "agent_id", agent_id)
+        body = _command({"by": by, "why": why, "idempotencyKey": idempotency_key})
+        return dict(await self._call("DELETE", f"/agents/{_seg(agent_id)}", body))
 
     async def budget(
         self,

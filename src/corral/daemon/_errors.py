@@ -147,6 +147,22 @@ class AgentNotLiveError(DaemonError):
         )
 
 
+class AgentLiveError(DaemonError):
+    """A command for ended agents only (restart, delete) was given for a live one."""
+
+    code = "agent_live"
+
+    def __init__(self, agent_id: str, state: str, command: str, *, of: str | None = None) -> None:
+        whose = f"agent {agent_id!r}" if of is None else f"descendant {agent_id!r} of {of!r}"
+        details: dict[str, Any] = {"agent_id": agent_id, "state": state}
+        if of is not None:
+            details["of"] = of
+        super().__init__(
+            f"{whose} is {state}; only a stopped or failed agent can be {command} (stop it first)",
+            **details,
+        )
+
+
 class AgentBusyError(DaemonError):
     """The agent is in the middle of a turn; prompt it again when it is idle or blocked."""
 

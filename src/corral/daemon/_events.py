@@ -29,6 +29,9 @@ STALL_RECOVERY = "agent.stall_recovery"
 # A started turn waits for one of the daemon's concurrent-turn slots, then has one
 TURN_QUEUED = "agent.turn_queued"
 TURN_GRANTED = "agent.turn_granted"
+# A person's lifecycle commands (see _lifecycle): an ended agent runs again, or is deleted.
+AGENT_RESTARTED = "agent.restarted"
+AGENT_DELETED = "agent.deleted"
 # Inboxes, decisions, commands
 NOTICE = "inbox.notice"
 NOTICES_DROPPED = "inbox.dropped"
@@ -68,6 +71,8 @@ EVENT_TYPES = frozenset(
         TOKEN_CREATED,
         TOKEN_REVOKED,
         SESSIONS_CLEARED,
+        AGENT_RESTARTED,
+        AGENT_DELETED,
     }
 )
 
@@ -294,15 +299,41 @@ def turn_done(agent_id: str) -> NewEvent:
 
 
 def stopped(
-    agent_id: str, was: str, by: str | None, why: str | None = None, *, run: str | None = None
+    agent_id: str,
+    was: str,
+    by: str | None,
+    why: str | None = None,
+    *,
+    run: str | None = None,
+    with_: str | None = None,
 ) -> NewEvent:
     """The agent was stopped, by whom and why (``why`` is in the log since it was added; an
     older ``stopped`` event has no such key); ``run``: as part of stopping that whole run
-    (``runStop``, the same ``by`` and ``why`` on each of its agents)."""
+    (``runStop``, the same ``by`` and ``why`` on each of its agents); ``with_``: as a
+    descendant of that stopped agent (``stoppedWith``)."""
     data = {"from": was, "to": "stopped", "reason": "stopped", "by": by, "why": why}
     if run is not None:
         data["runStop"] = run
+    if with_ is not None:
+        data["stoppedWith"] = with_
     return NewEvent(STATE_CHANGED, agent_id, data)
+
+
+def restarted(agent_id: str, was: str, by: str | None, why: str | None, restarts: int) -> NewEvent:
+    """The ended agent (``was``: stopped or failed) runs again, by whom and why: its
+    consecutive failures and retries start again from nothing (its ``restarts``-th restart).
+    The ``agent.state_changed`` that makes it live comes next."""
+    data = {"from": was, "by": by, "why": why, "restarts": restarts}
+    return NewEvent(AGENT_RESTARTED, agent_id, data)
+
+
+def deleted(agent_id: str, by: str | None, why: str | None, *, with_: str | None) -> NewEvent:
+    """The ended agent's record, session and stored data are deleted (its events stay in the
+    log, this one marking where it ends); ``with_``: deleted with that ancestor."""
+    data: dict[str, Any] = {"by": by, "why": why}
+    if with_ is not None:
+        data["with"] = with_
+    return NewEvent(AGENT_DELETED, agent_id, data)
 
 
 def failed(agent_id: str, error: str, reason: str = "turn-failed") -> NewEvent:

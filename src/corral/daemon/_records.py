@@ -55,6 +55,7 @@ class AgentRecord(TypedDict):
     createdAt: str
     updatedAt: str
     endedAt: NotRequired[str]
+    restarts: NotRequired[int]  # how many times it was restarted after it ended
     # while paused (preempted at the run's cap; see _headcount): for whom, since when, and
     # what it resumes to (idle, blocked, retry: a retry its policy asked for, turn: its
     # cancelled turn again)

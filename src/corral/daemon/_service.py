@@ -30,6 +30,7 @@ from corral.daemon import (
     _commands,
     _decisions,
     _headcount,
+    _lifecycle,
     _listing,
     _names,
     _notices,
@@ -86,6 +87,7 @@ from corral.daemon.harnesses import (
     AdoptingHarness,
     ExtraTool,
     Harness,
+    TerminatingHarness,
     TurnResult,
     WarmHarness,
 )
@@ -240,6 +242,8 @@ class AgentService:
         # What a cancelled turn had spent, as its harness told (agent -> (turn, usage)): the
         # turn's agent.turn_interrupted carries it (see _with_spent).
         self._spent: dict[str, tuple[int, dict[str, Any]]] = {}
+        # The turns of stopped agents still in their grace (see _lifecycle).
+        self._endings = _lifecycle.Endings(clock)
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -305,9 +309,25 @@ class AgentService:
                         logger.exception("agent %s: could not end a leftover process", rec["id"])
                 await self._interrupted(rec, turn)
             await self._resume(freed)
+            await self._reap_stopped()
             # A notice written just before the last daemon died still wakes its parent.
             agents = self.store.state.agents
             self._wake_soon(a for a, rec in agents.items() if rec["state"] == "idle")
+
+    async def _reap_stopped(self) -> None:
+        """End what a stop left running when the last daemon died in its grace (the stop is
+        committed: nothing is written). Call with the mutex held."""
+        for rec in list(self.store.state.agents.values()):
+            if rec["state"] != "stopped":
+                continue
+            harness = self.harnesses.get(rec["spec"].get("harness", ""))
+            if harness is None:
+                continue
+            try:
+                if await harness.reap(rec["id"], self._state_dir(rec["id"])):
+                    logger.info("agent %s: ended what its stop left running", rec["id"])
+            except Exception:
+                logger.exception("agent %s: could not end a leftover process", rec["id"])
 
     def use_agent_tools(self, tools: AgentTools) -> None:
         """Hand each turn ``tools(agent_id, spec)`` (``TurnRequest.extra_tools``): the daemon
@@ -324,6 +344,7 @@ class AgentService:
         self._deadlines.clear()
         self._stalls.close()
         self.turn_book.close()
+        await self._endings.close()  # stops in their grace: killed now, committed already
         tasks = list(self._turns.values()) + list(self._background)
         for task in tasks:
             task.cancel()
@@ -364,6 +385,13 @@ class AgentService:
 
     def get(self, agent_id: str) -> Json:
         return self._shown(self._record(agent_id))
+
+    async def known(self, agent_id: str) -> None:
+        """Raise ``AgentNotFoundError`` unless the log knows ``agent_id``: a live or ended
+        agent, or a deleted one (whose events stay)."""
+        known = agent_id in self.store.state.agents
+        if not known and not await self.store.read(0, agent_id=agent_id, limit=1):
+            raise AgentNotFoundError(agent_id)
 
     def list_agents(self) -> list[Json]:
         return [self._shown(r) for r in self.store.state.agents.values()]
@@ -585,11 +613,18 @@ class AgentService:
         idempotency_key: str | None = None,
         note: str | None = None,
         answering: Answering | None = None,
+        now: bool = False,
+        keep_children: bool = False,
     ) -> CommandResult:
-        """End an agent: a turn in flight is cancelled (its process killed); 202. A blocked
-        agent's decision is resolved (answer ``stop``); approvals it waits on are
-        withdrawn."""
-        command = {"command": "stop", "agent": agent_id}
+        """End an agent and, unless ``keep_children``, its live descendants (children
+        first, in the same commit; theirs name it as ``stoppedWith``); 202 ``{"id",
+        "accepted", "stopped"}`` (the ids stopped, in order). A turn in flight is asked to
+        end (SIGTERM) and killed after the spec's ``stopGraceS``, off the lock; ``now``
+        kills it at once (see ``_lifecycle``). A blocked agent's decision is resolved
+        (answer ``stop``); approvals it waits on are withdrawn."""
+        command: dict[str, Any] = {"command": "stop", "agent": agent_id}
+        if now or keep_children:
+            command.update(now=now, keepChildren=keep_children)
         if answering is not None:
             command = {"command": "answer", "decision": answering.decision, "answer": "stop"}
         async with self._mutex:
@@ -599,12 +634,25 @@ class AgentService:
             self._refuse_if_closed("stop")
             self._still_pending(answering)
             rec = self._live(agent_id)
-            events = await self._stopping(rec, by, why, note)
-            result = CommandResult(202, {"id": agent_id, "accepted": "stop"})
+            order = _lifecycle.cascade(self.store.state, rec, keep_children=keep_children)
+            events: list[NewEvent] = []
+            for one in order:
+                child = one is not rec
+                events += await self._stopping(
+                    one,
+                    by,
+                    why,
+                    None if child else note,
+                    with_=agent_id if child else None,
+                    now=now,
+                )
+            stopped = [one["id"] for one in order]
+            result = CommandResult(202, {"id": agent_id, "accepted": "stop", "stopped": stopped})
             if answering is not None:
                 result = CommandResult(200, answering.body(agent_id))
             await self._commit(events, idempotency_key, command, result)
-        await self._stopped(agent_id)
+        for one_id in stopped:
+            await self._stopped(one_id)
         return result
 
     async def _stopping(
@@ -615,12 +663,25 @@ class AgentService:
         note: str | None,
         *,
         run: str | None = None,
+        with_: str | None = None,
+        now: bool = False,
     ) -> list[NewEvent]:
-        """Cancel the live agent's turn in flight (its process killed) and answer the events
-        that stop it (``run``: as part of stopping that run). Call with the mutex held,
-        then commit them, then :meth:`_stopped`."""
+        """End the live agent's turn in flight -- gracefully, off the lock, when its harness
+        can be asked to (see ``_lifecycle``); at once with ``now`` -- and answer the events
+        that stop it (``run``: as part of stopping that run; ``with_``: as a descendant of
+        that agent). Call with the mutex held, then commit them, then :meth:`_stopped`."""
         agent_id = rec["id"]
-        await self._cancel_turn(agent_id)
+        spec = self._spec(agent_id)
+        harness: object = self.harnesses.get(spec.harness)
+        task = self._turns.get(agent_id)
+        grace_s = 0.0 if now else spec.stop_grace_s
+        if task is not None and grace_s > 0 and isinstance(harness, TerminatingHarness):
+            del self._turns[agent_id]  # its outcome, whatever it is, is dropped
+            terminate = functools.partial(harness.terminate, agent_id, self._state_dir(agent_id))
+            release = functools.partial(self._release, agent_id)
+            self._endings.begin(agent_id, task, terminate, grace_s, release)
+        else:
+            await self._cancel_turn(agent_id)
         self._stalls.forget(agent_id)
         events: list[NewEvent] = []
         if rec["turnInFlight"] is not None:
@@ -629,15 +690,100 @@ class AgentService:
         if rec["state"] == "blocked" or rec.get("resumeTo") == "blocked":
             events += _decisions.resolve_hold(self.store.state, rec, "stop", by, why, note)
         events += self._withdraw(agent_id, "the agent was stopped")
-        events.append(ev.stopped(agent_id, rec["state"], by, why, run=run))
+        events.append(ev.stopped(agent_id, rec["state"], by, why, run=run, with_=with_))
         events += _decisions.drop_pending(self.store.state, agent_id)
         return events
 
     async def _stopped(self, agent_id: str) -> None:
-        """After a stop is committed: end what the harness keeps for the agent, and its
-        working directory."""
-        await self._release(agent_id)
-        shutil.rmtree(self._workdir(agent_id), ignore_errors=True)
+        """After a stop is committed: end what the harness keeps for the agent (once its
+        turn has ended, when it is ending gracefully). Its working directory stays, for a
+        restart, until the agent is deleted."""
+        if agent_id not in self._endings:
+            await self._release(agent_id)
+
+    async def restart(
+        self,
+        agent_id: str,
+        *,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> CommandResult:
+        """Run a stopped or failed agent again (see ``_lifecycle.restart``), recorded with
+        ``by`` and ``why``; 202 ``{"id", "accepted": "restart", "turn"}`` (the turn it
+        runs, None when it has no prompt or is held on its budget). A turn of its stop still
+        in its grace is killed first. Raises ``AgentLiveError`` (409) for a live agent,
+        ``SpawnRefusedError`` when its run's headcount has no room."""
+        command = {"command": "restart", "agent": agent_id}
+        if _commands.replayed(self.store.state, idempotency_key, command) is None:
+            await self._endings.finish(agent_id)
+        async with self._mutex:
+            replayed = _commands.replayed(self.store.state, idempotency_key, command)
+            if replayed is not None:
+                return replayed
+            self._refuse_if_closed("restart")
+            state, rec = self.store.state, self._record(agent_id)
+            if agent_id in self._endings:
+                raise AgentBusyError(agent_id)  # stopped again meanwhile: still ending
+            spec = self._spec(agent_id)
+            plan = _lifecycle.restart(state, rec, spec, by, why, self.clock.now())
+            # A live agent of its run may have taken its name meanwhile: names stay unique.
+            _names.check_free(state.agents, rec["runId"], spec.name, besides=agent_id)
+            paused = await self._headcount.admit(state, rec["runId"], agent_id, spec, self._spec)
+            pausing, cancel = self._pausing(paused, agent_id)
+            body = {"id": agent_id, "accepted": "restart", "turn": plan.turn}
+            result = CommandResult(202, body)
+            await self._preempted(paused, cancel)
+            await self._commit([*pausing, *plan.events], idempotency_key, command, result)
+            if plan.turn is not None:
+                self._launch(agent_id, plan.turn, plan.text)
+            return result
+
+    async def delete(
+        self,
+        agent_id: str,
+        *,
+        by: str | None = None,
+        why: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> CommandResult:
+        """Delete an ended agent and its descendants (all ended), deepest first, in one
+        commit (``agent.deleted``, with ``by`` and ``why``): their records, sessions,
+        notices and stored data go, then their directories (working directory and
+        harness state); their events stay. 200 ``{"id", "deleted"}`` (the ids, in order).
+        Raises ``AgentLiveError`` (409) when one of them is live."""
+        command = {"command": "delete", "agent": agent_id}
+        if _commands.replayed(self.store.state, idempotency_key, command) is None:
+            rec = self._record(agent_id)
+            for one in _lifecycle.deletion_order(self.store.state, rec):
+                await self._endings.finish(one["id"])  # a stop's grace: killed now
+        async with self._mutex:
+            replayed = _commands.replayed(self.store.state, idempotency_key, command)
+            if replayed is not None:
+                return replayed
+            self._refuse_if_closed("delete")
+            order = _lifecycle.deletion_order(self.store.state, self._record(agent_id))
+            if any(one["id"] in self._endings for one in order):
+                raise AgentBusyError(agent_id)  # stopped again meanwhile: still ending
+            ids = [one["id"] for one in order]
+            harnesses = {i: self.harnesses.get(self._spec(i).harness) for i in ids}
+            result = CommandResult(200, {"id": agent_id, "deleted": ids})
+            await self._commit(_lifecycle.deleted(order, by, why), idempotency_key, command, result)
+            for one_id in ids:
+                self._specs.pop(one_id, None)
+                self._pauses.pop(one_id, None)
+                self._spent.pop(one_id, None)
+        for one_id in ids:
+            harness: object = harnesses[one_id]
+            if isinstance(harness, WarmHarness):
+                try:
+                    await harness.release(one_id)
+                except Exception:
+                    logger.exception("agent %s: could not release its harness worker", one_id)
+            shutil.rmtree(self._workdir(one_id).parent, ignore_errors=True)
+            # Rows went with the commit (delete_agent_data); this ends followers of its log.
+            await self.turn_book.delete(one_id)
+        return result
 
     def run(self, run_id: str, *, top: str | None = None) -> Json:
         """``GET /runs/{id}``: the run's tree (from agent ``top`` down, when given), usage

@@ -305,6 +305,9 @@ class AgentSpec(_Model):
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     spawn_budget: SpawnBudgetSpec | None = None
     turn_timeout_s: float = Field(default=600.0, gt=0, allow_inf_nan=False, strict=True)
+    stop_grace_s: float = Field(default=10.0, ge=0, le=300, allow_inf_nan=False, strict=True)
+    """How long a stopped agent's turn has to end after SIGTERM before it is killed (see
+    "Stopping, restarting, deleting" in docs/daemon.md); 0 kills at once."""
     guardrails: RuleList = ()
     may_answer: list[Literal["blocked", "approval"]] = Field(default_factory=list)
     # Headcount and priority (docs/daemon.md, "Headcount and priority"; corral.daemon._headcount):

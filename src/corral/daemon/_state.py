@@ -43,7 +43,7 @@ PAUSED = "paused"  # preempted at its run's headcount cap (see _headcount); hold
 ENDED_STATES = frozenset({"failed", "stopped"})
 BUSY_STATES = frozenset({"running", "waiting"})  # a turn is in flight
 
-PROJECTIONS_VERSION = 5
+PROJECTIONS_VERSION = 6
 """Bumped whenever the reducer builds the projections differently: a store whose stored
 projections carry another version rebuilds them from the log when it opens."""
 
@@ -105,6 +105,9 @@ class Tx:
         self.tokens: dict[str, TokenRecord] = {}
         # The sessions changed: a new list, or None for one cleared (its row is deleted).
         self.sessions: dict[str, list[SessionMessage] | None] = {}
+        # The agents deleted (``agent.deleted``), each with the notices to it that go too:
+        # the stores delete their rows (``delete_agent_data``).
+        self.deleted: dict[str, list[int]] = {}
         self.last_seq = state.last_seq
 
     def agent(self, agent_id: str) -> AgentRecord:
@@ -119,6 +122,8 @@ class Tx:
         return rec
 
     def get_agent(self, agent_id: str) -> AgentRecord | None:
+        if agent_id in self.deleted:
+            return None
         return self.agents.get(agent_id) or self.state.agents.get(agent_id)
 
     def notice(self, notice_id: int) -> Notice:
@@ -166,6 +171,10 @@ class Tx:
                 self.state.sessions.pop(agent_id, None)
             else:
                 self.state.sessions[agent_id] = session
+        for agent_id, notices in self.deleted.items():
+            self.state.agents.pop(agent_id, None)
+            for notice_id in notices:
+                self.state.notices.pop(notice_id, None)
         self.state.last_seq = self.last_seq
 
 
@@ -519,6 +528,40 @@ def _sessions_cleared(tx: Tx, event: Event) -> None:
         tx.sessions[agent_id] = None
 
 
+def _restarted(tx: Tx, event: Event) -> None:
+    """An ended agent runs again: its failure counts start from nothing (its usage, and so
+    its budget, is kept; see _lifecycle). The state change that makes it live comes next."""
+    rec = tx.agent(_agent_id(event))
+    rec["consecutiveFailures"] = 0
+    rec["retriesUsed"] = 0
+    rec["restarts"] = int(event.data.get("restarts", rec.get("restarts", 0) + 1))
+    rec.pop("endedAt", None)
+    rec["updatedAt"] = event.ts
+
+
+def _deleted(tx: Tx, event: Event) -> None:
+    """An ended agent is deleted: its record, its session and the notices to it go (its
+    parent forgets it); its events, and the decisions it had, stay as history."""
+    agent_id = _agent_id(event)
+    rec = tx.get_agent(agent_id)
+    if rec is None:
+        raise ReplayError(f"agent.deleted at seq {event.seq} names no agent: {agent_id!r}")
+    parent = rec.get("parent")
+    if parent is not None and tx.get_agent(parent) is not None:
+        p = tx.agent(parent)
+        p["children"] = [c for c in p.get("children", []) if c != agent_id]
+    notices = [
+        n
+        for n, notice in {**tx.state.notices, **tx.notices}.items()
+        if notice.get("to") == agent_id
+    ]
+    for notice_id in notices:
+        tx.notices.pop(notice_id, None)
+    tx.agents.pop(agent_id, None)
+    tx.sessions[agent_id] = None
+    tx.deleted[agent_id] = notices
+
+
 def _token_created(tx: Tx, event: Event) -> None:
     data = cast(TokenCreatedData, event.data)
     tx.tokens[data["name"]] = {
@@ -563,5 +606,7 @@ _HANDLERS: dict[str, Callable[[Tx, Event], None]] = {
     ev.TOKEN_CREATED: _token_created,
     ev.TOKEN_REVOKED: _token_revoked,
     ev.SESSIONS_CLEARED: _sessions_cleared,
+    ev.AGENT_RESTARTED: _restarted,
+    ev.AGENT_DELETED: _deleted,
 }
 assert set(_HANDLERS) == ev.EVENT_TYPES

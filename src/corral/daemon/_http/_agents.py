@@ -48,13 +48,16 @@ class PromptBody(RequestBody):
 
 
 class StopBody(RequestBody):
-    """``POST /agents/{id}/stop`` (the body itself is optional)."""
+    """``POST /agents/{id}/stop`` (the body itself is optional): ``now`` kills its turn at
+    once (no ``stopGraceS``), ``keepChildren`` leaves its descendants running."""
 
     what = "stop body"
 
     by: str | None = Field(default=None, min_length=1)
     why: str | None = None
     idempotency_key: str | None = Field(default=None, min_length=1)
+    now: bool = False
+    keep_children: bool = False
 
 
 class BudgetChange(RequestBody):
@@ -159,7 +162,12 @@ async def stop(agent_id: str, request: Request) -> JSONResponse:
     api.check(agent_id)  # out of reach is refused before the body is read
     body = await StopBody.read(request)
     result = await api.stop(
-        agent_id, by=body.by, why=body.why, idempotency_key=body.idempotency_key
+        agent_id,
+        by=body.by,
+        why=body.why,
+        idempotency_key=body.idempotency_key,
+        now=body.now,
+        keep_children=body.keep_children,
     )
     return command_response(result)
 
@@ -207,7 +215,7 @@ async def events(
         agent = api.resolve(agent)  # an id or a name
     api.check_events(agent)
     if agent is not None:
-        api.service.get(agent)  # 404 for an unknown agent
+        await api.service.known(agent)  # 404 for an unknown agent (a deleted one is known)
     wanted = _Wanted(api, _listing.event_types(types), _listing.check_filter("run", run))
     if fmt == "json":
         page, scanned = await _filtered_page(api, start, agent, limit, wanted)
@@ -337,7 +345,7 @@ ROUTES = [
         "POST",
         "/agents/{agent_id}/stop",
         stop,
-        "End an agent",
+        "End an agent and its descendants (SIGTERM, then SIGKILL after stopGraceS)",
         StopBody,
         status_code=202,
         responses=_COMMAND_ERRORS,

@@ -31,7 +31,16 @@ from corral.daemon._auth import (
 )
 from corral.daemon._databases import Databases
 from corral.daemon._errors import InvalidRequestError, UnauthorizedError
-from corral.daemon._http import _agents, _decisions, _gateway, _patch, _runs, _tokens, _turns
+from corral.daemon._http import (
+    _agents,
+    _decisions,
+    _gateway,
+    _lifecycle,
+    _patch,
+    _runs,
+    _tokens,
+    _turns,
+)
 from corral.daemon._http._common import (
     ApiRoute,
     BodyTooLargeError,
@@ -52,6 +61,7 @@ ROUTES: list[ApiRoute] = [
     *_agents.ROUTES,
     *_turns.ROUTES,
     *_patch.ROUTES,
+    *_lifecycle.ROUTES,
     *_runs.ROUTES,
     *_decisions.ROUTES,
     *_tokens.ROUTES,

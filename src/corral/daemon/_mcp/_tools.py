@@ -61,6 +61,12 @@ class StopArgs(Args):
     by: str | None = _BY
     why: str | None = _WHY
     idempotency_key: str | None = _KEY
+    now: bool = Field(
+        default=False, strict=True, description="Kill its turn at once (no SIGTERM, no grace)."
+    )
+    keep_children: bool = Field(
+        default=False, strict=True, description="Leave its descendants running."
+    )
 
 
 class RunArgs(Args):
@@ -297,7 +303,14 @@ async def _prompt(api: AgentApi, a: PromptArgs) -> dict[str, Any]:
 
 
 async def _stop(api: AgentApi, a: StopArgs) -> dict[str, Any]:
-    return await api.stop(a.agent_id, by=a.by, why=a.why, idempotency_key=a.idempotency_key)
+    return await api.stop(
+        a.agent_id,
+        by=a.by,
+        why=a.why,
+        idempotency_key=a.idempotency_key,
+        now=a.now,
+        keep_children=a.keep_children,
+    )
 
 
 async def _run(api: AgentApi, a: RunArgs) -> dict[str, Any]:
@@ -405,8 +418,10 @@ TOOLS: tuple[Tool, ...] = (
     Tool(
         "agent_stop",
         "Stop an agent",
-        "End an agent: a turn in flight is cancelled and its working directory removed. "
-        'Returns {"id", "accepted": "stop"}. A stopped agent takes no more commands.',
+        "End an agent and its live descendants (children first; keepChildren leaves them): "
+        "a turn in flight gets SIGTERM, then SIGKILL after the spec's stopGraceS (now: at "
+        'once). Returns {"id", "accepted": "stop", "stopped": [ids]}. A stopped agent takes '
+        "no more commands but a person's restart.",
         StopArgs,
         _stop,
         read_only=False,

@@ -187,6 +187,22 @@ class WarmHarness(Protocol):
     async def aclose(self) -> None: ...
 
 
+@runtime_checkable
+class TerminatingHarness(Protocol):
+    """A harness whose turns can be asked to end before they are killed (a graceful stop).
+
+    ``terminate`` asks the agent's turn in flight to end by itself -- SIGTERM to the
+    processes it runs (the command's process group, the python worker) -- and returns at
+    once, True when there was a process to ask. The turn's task then ends on its own
+    (its outcome is dropped: the agent is stopped); when it has not within the stop's
+    grace, the daemon cancels it, which kills as ``run_turn`` says. Safe to call for any
+    agent of the harness, and more than once. A harness without it (``openai``: its model
+    call is only waited on) is cancelled at once.
+    """
+
+    async def terminate(self, agent_id: str, state_dir: Path) -> bool: ...
+
+
 class NothingToAdoptError(CorralError):
     """:meth:`AdoptingHarness.adopt` found no turn to adopt: its process is gone and left no
     outcome (or never ran). Whatever it left was ended; the daemon settles the turn as

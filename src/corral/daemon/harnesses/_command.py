@@ -26,6 +26,7 @@ from corral.daemon.harnesses._process import (
     agent_env,
     exit_message,
     reap_pid_file,
+    terminate_pid_file,
 )
 from corral.daemon.harnesses._timer import TurnTimer
 from corral.kernel import InvalidArgumentError
@@ -61,11 +62,12 @@ class CommandHarness:
     count, the approval's own timeout decides; see :class:`TurnTimer`.
 
     Ending: a turn that times out or whose task is cancelled gets SIGKILL sent to its whole
-    process group at once -- no SIGTERM grace, because a stop or a shutdown must not wait on
-    the child, and the turn's result is discarded anyway; ``asyncio.CancelledError`` then
-    propagates. When the command exits by itself, whatever it left running in its process
-    group is killed too: nothing of a turn outlives it (a process that started a session of
-    its own escapes this; its pipes are then abandoned after ``drain_s``).
+    process group at once; ``asyncio.CancelledError`` then propagates. A graceful stop
+    comes first through :meth:`terminate` (SIGTERM to the group; the daemon cancels the
+    turn when the agent's ``stopGraceS`` has passed). When the command exits by itself,
+    whatever it left running in its process group is killed too: nothing of a turn outlives
+    it (a process that started a session of its own escapes this; its pipes are then
+    abandoned after ``drain_s``).
 
     Log: with ``request.log``, the command's stdout and stderr, in the order they came, go
     there while the turn runs (the launcher writes them to ``turn-<n>.log``, at most
@@ -224,6 +226,15 @@ class CommandHarness:
                 exit_message("command", finished, self.stderr_tail_bytes), exit_code=code
             )
         return TurnResult(output=finished.output)
+
+    async def terminate(self, agent_id: str, state_dir: Path) -> bool:
+        """Send SIGTERM to the process group of the agent's turn in flight (the pid file
+        names it, so an adopted turn is reached too); True when one was signalled. The
+        launcher, in a session of its own, is not signalled: it records how the command
+        ended, as for any turn."""
+        v.non_empty_str("CommandHarness.terminate", "agent_id", agent_id)
+        v.instance_of("CommandHarness.terminate", "state_dir", state_dir, Path)
+        return terminate_pid_file(state_dir / PID_FILE)
 
     async def reap(self, agent_id: str, state_dir: Path) -> bool:
         """End the leftover process group of an interrupted turn; True when one was signalled.

@@ -278,6 +278,28 @@ def reap_pid_file(path: Path) -> bool:
     return found
 
 
+def terminate_pid_file(path: Path) -> bool:
+    """Send SIGTERM to the process group a pid file names, when its leader is the same
+    process (same boot, same start time): the polite first half of a graceful stop. True
+    when a group was signalled. The file is left as it is (the turn removes it when it
+    ends; :func:`reap_pid_file` kills what is left)."""
+    try:
+        record: Any = json.loads(path.read_text())
+        pid, start = record["pid"], record["startTime"]
+        boot = record.get("bootId")
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return False
+    if not _is_pid(pid) or (boot is not None and boot != boot_id()):
+        return False
+    if start_time(pid) != start:
+        return False  # ended already (its launcher ends what it left), or the pid reused
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 def _remove(path: Path) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)

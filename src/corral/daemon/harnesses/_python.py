@@ -228,6 +228,24 @@ class PythonHarness:
         _liveness.discard(state_dir)  # the heartbeat file of the interrupted turn
         return False
 
+    async def terminate(self, agent_id: str, state_dir: Path) -> bool:
+        """Send SIGTERM to the process group of ``agent_id``'s worker while it runs a turn
+        (a graceful stop); True when one was signalled. The worker dies of it unless the
+        function installed a handler (``signal.signal`` in the worker): then it may end its
+        turn in its own way; the daemon kills the worker when the stop's grace has passed."""
+        v.non_empty_str("PythonHarness.terminate", "agent_id", agent_id)
+        kept = self._workers.get(agent_id)
+        if kept is None or kept.worker.ended or not kept.worker.busy:
+            return False
+        pid = kept.worker.pid
+        if pid is None:
+            return False
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
     async def release(self, agent_id: str) -> None:
         """End ``agent_id``'s worker, if one is kept (the agent has ended). A turn still in
         its worker fails (the daemon cancels an agent's turn before it releases it)."""

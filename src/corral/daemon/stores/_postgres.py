@@ -106,6 +106,8 @@ class _Statements:
         self.load_tokens = q("SELECT name, data FROM {tokens}")
         self.load_sessions = q("SELECT agent_id, data FROM {sessions} ORDER BY agent_id, n")
         self.delete_session = q("DELETE FROM {sessions} WHERE agent_id = %s")
+        self.delete_agent = q("DELETE FROM {agents} WHERE id = %s")
+        self.delete_notices = q("DELETE FROM {notices} WHERE id = ANY(%s)")
         self.drop_messages = q("DELETE FROM {sessions} WHERE agent_id = %s AND n < %s")
         self.insert_message = q(
             "INSERT INTO {sessions} (agent_id, n, data) VALUES (%s, %s, %s) "
@@ -358,6 +360,23 @@ class PostgresStore(PostgresTurns):
                 inserts += [(agent_id, m["n"], Json(m, dumps=_dump)) for m in change.insert]
             if inserts:
                 await cur.executemany(self._sql.insert_message, inserts)
+            for agent_id, notices in tx.deleted.items():
+                await self.delete_agent_data(cur, agent_id, notices)
+
+    async def delete_agent_data(
+        self, cur: psycopg.AsyncCursor[TupleRow], agent_id: str, notices: Sequence[int]
+    ) -> None:
+        """Delete what is stored of a deleted agent (``agent.deleted``), in the caller's
+        transaction: its record, its session, its turn records and logs and the ``notices``
+        to it. Its events stay."""
+        await cur.execute(self._sql.delete_agent, (agent_id,))
+        await cur.execute(self._sql.delete_session, (agent_id,))
+        for table in self._tables():  # turn_logs and turns (see _turns.PostgresTurns)
+            await cur.execute(
+                sql.SQL("DELETE FROM {} WHERE agent_id = %s").format(table), (agent_id,)
+            )
+        if notices:
+            await cur.execute(self._sql.delete_notices, (list(notices),))
 
     async def read(
         self, after: int = 0, *, agent_id: str | None = None, limit: int = 1000

@@ -241,11 +241,24 @@ class SQLiteStore(SQLiteTurns):
                 [(k, _dump(v)) for k, v in tx.tokens.items()],
             )
             self._write_sessions(conn, self._state.sessions, tx.sessions)
+            for agent_id, notices in tx.deleted.items():
+                self.delete_agent_data(conn, agent_id, notices)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:  # SQLite may have rolled back by itself already
                 conn.execute("ROLLBACK")
             raise
+
+    @staticmethod
+    def delete_agent_data(conn: sqlite3.Connection, agent_id: str, notices: Sequence[int]) -> None:
+        """Delete what is stored of a deleted agent (``agent.deleted``), in the caller's
+        transaction: its record, its session, its turn records and logs and the ``notices``
+        to it. Its events stay."""
+        conn.execute("DELETE FROM agents WHERE id = ?", (agent_id,))
+        conn.execute("DELETE FROM session_messages WHERE agent_id = ?", (agent_id,))
+        conn.execute("DELETE FROM turn_logs WHERE agent_id = ?", (agent_id,))
+        conn.execute("DELETE FROM turns WHERE agent_id = ?", (agent_id,))
+        conn.executemany("DELETE FROM notices WHERE id = ?", [(n,) for n in notices])
 
     async def read(
         self, after: int = 0, *, agent_id: str | None = None, limit: int = 1000
