@@ -387,7 +387,11 @@ def _default_harnesses(turn_log_bytes: int = DEFAULT_TURN_LOG_BYTES) -> dict[str
     # A command's output (its stdout: the agent's record, its events) is kept up to the
     # turn's log size too, so one agent printing 100 MB cannot make its record big.
     command = CommandHarness(max_output_bytes=turn_log_bytes, log_bytes=turn_log_bytes)
-    return {"command": command, "python": PythonHarness(), "openai": OpenAIHarness()}
+    return {
+        "command": command,
+        "python": PythonHarness(log_bytes=turn_log_bytes),
+        "openai": OpenAIHarness(),
+    }
 
 
 def _listen(host: str, port: int) -> socket.socket:

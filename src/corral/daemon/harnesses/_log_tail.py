@@ -5,6 +5,11 @@ The launcher outlives the daemon, so it cannot write to the daemon; it writes fr
 (``o<n>\\n`` or ``e<n>\\n`` then ``n`` bytes of stdout or stderr) to ``turn-<n>.log``, capped
 at the turn's log size, and this reads the file every ``every_s`` seconds from where it left
 off. A frame still being written is read at the next look.
+
+A ``python`` turn's worker writes the same frames (see ``_python_log``), with more streams
+and a closing ``d<count>\\n`` frame (no body) counting what it dropped; its tail is given
+those streams, ``counts=True`` and ``max_bytes``: the agent's own code could write to that
+file, so no more than ``max_bytes`` of it is read, the rest counted as dropped.
 """
 
 from __future__ import annotations
@@ -12,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 from corral.daemon.harnesses._base import TurnOutput
 
 _STREAMS = {ord("o"): "stdout", ord("e"): "stderr"}
+_DROPPED = ord("d")
 _READ = 1 << 20  # at most this much per look: a big backlog is read over a few looks
 _HEADER = 24  # a frame header is a letter, at most 20 digits and a newline
 
@@ -25,9 +31,20 @@ _HEADER = 24  # a frame header is a letter, at most 20 digits and a newline
 class LogTail:
     """What is new in ``path`` goes to ``out`` (see the module docstring)."""
 
-    def __init__(self, path: Path, out: TurnOutput) -> None:
+    def __init__(
+        self,
+        path: Path,
+        out: TurnOutput,
+        *,
+        streams: Mapping[int, str] = _STREAMS,
+        counts: bool = False,
+        max_bytes: int | None = None,
+    ) -> None:
         self.path = path
         self.out = out
+        self.streams = streams
+        self.counts = counts
+        self.max_bytes = max_bytes
         self.offset = 0
         self.pending = bytearray()
         self.broken = False
@@ -40,14 +57,28 @@ class LogTail:
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
                 while True:
-                    data = f.read(_READ)
+                    want = _READ
+                    if self.max_bytes is not None:
+                        want = min(want, self.max_bytes - self.offset)
+                        if want <= 0:
+                            self._over()
+                            return
+                    data = f.read(want)
                     self.offset += len(data)
                     self.pending += data
                     self._frames()
-                    if not until_end or len(data) < _READ or self.broken:
+                    if not until_end or len(data) < want or self.broken:
                         return
         except OSError:
             return
+
+    def _over(self) -> None:
+        """Past ``max_bytes``: what else the file holds is counted as dropped, once."""
+        self.broken = True
+        with contextlib.suppress(OSError):
+            size = self.path.stat().st_size
+            self.out.add_dropped(max(0, size - self.offset) + len(self.pending))
+        self.pending.clear()
 
     def _frames(self) -> None:
         buf = self.pending
@@ -57,11 +88,17 @@ class LogTail:
                 if len(buf) >= _HEADER:
                     self.broken = True  # not our file: stop reading it
                 return
-            stream = _STREAMS.get(buf[0])
+            stream = self.streams.get(buf[0])
             size = buf[1:nl]
-            if stream is None or not size.isdigit():
+            counted = self.counts and buf[0] == _DROPPED
+            if not size.isdigit() or (stream is None and not counted):
                 self.broken = True
                 return
+            if counted:  # what the writer dropped: a count, no body
+                self.out.add_dropped(int(size))
+                del buf[: nl + 1]
+                continue
+            assert stream is not None
             end = nl + 1 + int(size)
             if len(buf) < end:
                 return

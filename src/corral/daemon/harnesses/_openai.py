@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +11,8 @@ from typing import Any
 
 from corral.agent import Agent
 from corral.daemon.harnesses import _conversation
-from corral.daemon.harnesses._base import TurnFailedError, TurnOutput, TurnRequest, TurnResult
+from corral.daemon.harnesses._base import TurnFailedError, TurnRequest, TurnResult
+from corral.daemon.harnesses._call_log import CallLog as _Logged
 from corral.daemon.harnesses._process import PID_FILE, Limits, reap_pid_file
 from corral.daemon.harnesses._timer import TurnTimer
 from corral.daemon.harnesses._tools import command_tools, extra_tools
@@ -231,50 +231,6 @@ class _Alive:
             await call_next()
         finally:
             self.beat()
-
-
-_SHOWN = 500  # characters of a reply, arguments or a tool's result the log line shows
-
-
-class _Logged:
-    """Writes each model call and tool call to the turn's log (``request.log``): a line as
-    it starts (a tool's arguments) and one as it ends (the reply's tokens, cost, tool calls
-    and the start of its text; the tool's result), each cut at :data:`_SHOWN` characters."""
-
-    stages = frozenset({MiddlewareStage.CHAT, MiddlewareStage.TOOL})
-
-    def __init__(self, log: TurnOutput) -> None:
-        self.log = log
-
-    async def process(self, ctx: MiddlewareContext, call_next: CallNext) -> None:
-        chat = ctx.stage is MiddlewareStage.CHAT
-        if not chat:
-            self._say("tool", f"{ctx.tool_name} {_cut(json.dumps(ctx.arguments, default=str))}")
-        try:
-            await call_next()
-        except BaseException as exc:
-            kind = "model" if chat else "tool"
-            self._say(kind, f"{ctx.tool_name or 'call'} failed: {type(exc).__name__}: {exc}")
-            raise
-        result = ctx.result
-        if chat and isinstance(result, ChatResult):
-            calls = ", ".join(c.name for c in result.tool_calls)
-            cost = "unknown" if result.cost_usd is None else f"${result.cost_usd:.6f}"
-            line = (
-                f"{result.model or 'model'}: {result.usage.total_tokens} tokens, {cost}"
-                + (f", tool calls: {calls}" if calls else "")
-                + (f": {_cut(result.message.content)}" if result.message.content else "")
-            )
-            self._say("model", line)
-        elif not chat:
-            self._say("tool", f"{ctx.tool_name} -> {_cut(str(result))}")
-
-    def _say(self, stream: str, text: str) -> None:
-        self.log.write(stream, text.replace("\n", " ") + "\n")
-
-
-def _cut(text: str) -> str:
-    return text if len(text) <= _SHOWN else f"{text[:_SHOWN]}... ({len(text)} characters)"
 
 
 class _PriceWatch:

@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from corral.daemon._records import SessionMessage
-from corral.daemon.harnesses import _liveness
+from corral.daemon.harnesses import _liveness, _python_log
 from corral.daemon.harnesses._base import TurnFailedError, TurnRequest, TurnResult
+from corral.daemon.harnesses._call_log import CallLog
+from corral.daemon.harnesses._log_tail import LogTail, following
 from corral.daemon.harnesses._timer import TurnTimer
 from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError
 from corral.kernel import _validate as v
@@ -32,6 +34,7 @@ from corral.resilience import (
     SandboxTimeoutError,
     SandboxWorker,
 )
+from corral.runtime import Middleware
 
 logger = logging.getLogger("corral.daemon")
 
@@ -52,6 +55,10 @@ DEFAULT_IDLE_S = 60.0
 DEFAULT_MAX_WORKERS = 256
 """How many workers are kept at most unless told (the least recently used end first)."""
 
+DEFAULT_LOG_BYTES = 1024 * 1024
+"""A turn's log is kept up to this many bytes in the worker unless told (the daemon's
+``--turn-log-bytes``)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TurnContext:
@@ -65,6 +72,9 @@ class TurnContext:
     ``heartbeat_file`` is the turn's heartbeat file: :meth:`heartbeat` touches it, which
     keeps a turn watched for stalls (the spec's ``heartbeatS``) alive while the function
     works without returning.
+
+    What the function prints and logs during the turn goes to the turn's log (see
+    ``_python_log``); :meth:`call_log` adds the model and tool calls of an agent loop.
     """
 
     agent_id: str
@@ -84,6 +94,13 @@ class TurnContext:
         except OSError:
             with contextlib.suppress(OSError):
                 self.heartbeat_file.touch()
+
+    def call_log(self) -> Middleware:
+        """A middleware for a :class:`corral.agent.Agent` the function runs (``Agent(...,
+        middleware=[context.call_log()])``): each model call and tool call it makes during
+        the turn goes to the turn's log (streams ``model`` and ``tool``), as the ``openai``
+        harness's do. Outside a turn it writes nothing."""
+        return CallLog(_python_log.Routed())
 
 
 class PythonHarness:
@@ -120,6 +137,12 @@ class PythonHarness:
     memory limit of N bytes"); its process ends without answering ("worker process exited
     with code N", "was killed by signal SIGSEGV": ``os._exit``, a crash in C code).
 
+    Log: with ``request.log``, what the function writes to ``sys.stdout`` and ``sys.stderr``
+    and the ``logging`` records it emits during the turn (and its agent loop's model and
+    tool calls, with :meth:`TurnContext.call_log`) go there while the turn runs, at most
+    ``log_bytes`` of them (capped in the worker, the rest counted as dropped); see
+    ``_python_log``.
+
     Liveness: when the daemon watches the turn (``request.heartbeat``, the spec's
     ``heartbeatS``), the turn's start and each ``context.heartbeat()`` (it touches the turn's
     heartbeat file, see ``_liveness``) are its signs of life.
@@ -133,9 +156,12 @@ class PythonHarness:
         idle_s: float = DEFAULT_IDLE_S,
         max_workers: int = DEFAULT_MAX_WORKERS,
         clock: Clock = SYSTEM_CLOCK,
+        log_bytes: int = DEFAULT_LOG_BYTES,
     ) -> None:
         where = "PythonHarness"
         v.non_negative_int(where, "max_memory_bytes", max_memory_bytes)
+        v.positive_int(where, "log_bytes", log_bytes)
+        self.log_bytes = log_bytes
         v.positive_number(where, "idle_s", idle_s)
         v.positive_int(where, "max_workers", max_workers)
         v.instance_of(where, "clock", clock, Clock)
@@ -172,8 +198,12 @@ class PythonHarness:
                 request.spec.harness,
             )
         kept = await self._worker_for(request.agent_id)
+        log_file, tail = self._log_for(request)
         try:
-            async with _liveness.alive(request) as heartbeat_file:
+            async with (
+                _liveness.alive(request) as heartbeat_file,
+                following(tail, _python_log.LOG_POLL_S),
+            ):
                 context = TurnContext(
                     agent_id=request.agent_id,
                     turn=request.turn,
@@ -182,7 +212,7 @@ class PythonHarness:
                     heartbeat_file=heartbeat_file,
                     session=request.session,
                 )
-                turn = _Turn(target, context)
+                turn = _Turn(target, context, log_file, self.log_bytes)
                 if request.paused_s is None:
                     ran = await kept.worker.run(turn, request.prompt, timeout_s=request.timeout_s)
                 else:
@@ -191,6 +221,10 @@ class PythonHarness:
             kept.used = self.clock.monotonic()
             if kept.worker.ended and self._workers.get(request.agent_id) is kept:
                 del self._workers[request.agent_id]
+            if tail is not None and log_file is not None:
+                tail.poll(until_end=True)  # what the worker wrote last (at most max_bytes)
+                with contextlib.suppress(OSError):
+                    log_file.unlink()
         if ran.error is not None:
             raise _worker_failed(target, ran.error, request.timeout_s)
         outcome = ran.result
@@ -200,6 +234,23 @@ class PythonHarness:
         raise TurnFailedError(
             outcome.message, usage=outcome.usage, dimension=outcome.dimension, **outcome.details
         )
+
+    def _log_for(self, request: TurnRequest) -> tuple[Path | None, LogTail | None]:
+        """The turn's log file (made empty) and its tail, when the daemon keeps the log."""
+        if request.log is None:
+            return None, None
+        path = _python_log.log_path(request.state_dir, request.turn)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600))
+        except OSError as exc:
+            logger.warning("python harness: no log for turn %d: %s", request.turn, exc)
+            return None, None
+        # Frames cost a few bytes each (at worst a header per byte of text): a bound on what
+        # is read that a worker keeping to its cap never reaches.
+        limit = 5 * self.log_bytes + (1 << 16)
+        tail = LogTail(path, request.log, streams=_python_log.STREAMS, counts=True, max_bytes=limit)
+        return path, tail
 
     async def _run_pausing(self, kept: Any, turn: Any, request: TurnRequest) -> Any:
         """Run the turn under a :class:`TurnTimer`: time the turn spends waiting on a person
@@ -339,10 +390,14 @@ class _Failed:
 
 @dataclass(frozen=True, slots=True)
 class _Turn:
-    """One turn, sent to the worker process: ``_Turn(target, context)(prompt)``."""
+    """One turn, sent to the worker process: ``_Turn(target, context, ...)(prompt)``; what
+    the function prints and logs goes to ``log_file`` (None: nowhere new), at most
+    ``log_bytes`` of it."""
 
     target: str
     context: TurnContext
+    log_file: Path | None = None
+    log_bytes: int = DEFAULT_LOG_BYTES
 
     def __call__(
         self, prompt: str
@@ -350,21 +405,28 @@ class _Turn:
         """The turn's outcome; for a coroutine function (or an awaitable result), a coroutine
         the worker runs to its end on its own event loop, giving the outcome."""
         target = self.target
+        captured = contextlib.ExitStack()
+        captured.enter_context(_python_log.capturing(self.log_file, self.log_bytes))
         try:
             function = _resolve(target)
             result = function(str(prompt), self.context)
+            if inspect.isawaitable(result):
+                finish = self._finish(result, captured)
+                captured = contextlib.ExitStack()  # the coroutine ends the capture
+                return finish
+            return _settled(target, result)
         except BaseException as exc:
             return _caught(target, exc)
-        if inspect.isawaitable(result):
-            return self._finish(result)
-        return _settled(target, result)
+        finally:
+            captured.close()
 
-    async def _finish(self, result: Any) -> TurnResult | _Failed:
-        try:
-            value = await result
-        except BaseException as exc:
-            return _caught(self.target, exc)
-        return _settled(self.target, value)
+    async def _finish(self, result: Any, captured: contextlib.ExitStack) -> TurnResult | _Failed:
+        with captured:
+            try:
+                value = await result
+            except BaseException as exc:
+                return _caught(self.target, exc)
+            return _settled(self.target, value)
 
 
 def _settled(target: str, result: Any) -> TurnResult | _Failed:
