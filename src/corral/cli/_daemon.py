@@ -72,6 +72,30 @@ def serve(
             "slots by their agents' priority (critical first, then weighted shares).",
         ),
     ] = None,
+    log_format: Annotated[
+        str,
+        typer.Option(
+            "--log-format",
+            help="text, or json: one JSON object a line (time, level, logger, message, "
+            "agentId where there is one) for a log collector.",
+        ),
+    ] = "text",
+    metrics_public: Annotated[
+        bool,
+        typer.Option(
+            "--metrics-public",
+            help="Serve GET /metrics without a token (default: an operator's token is "
+            "needed; agents' tokens never are enough).",
+        ),
+    ] = False,
+    otlp_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--otlp-endpoint",
+            help="Export traces over OTLP/HTTP to this collector (e.g. http://127.0.0.1:4318; "
+            "default: OTEL_EXPORTER_OTLP_ENDPOINT, if set). Needs corral[otel].",
+        ),
+    ] = None,
 ) -> None:
     """Run the daemon until interrupted."""
     from corral.daemon._server import ServeConfig, log_to_stderr
@@ -92,9 +116,11 @@ def serve(
         config["guardrails"] = guardrails
     if max_concurrent_turns is not None:
         config["max_concurrent_turns"] = max_concurrent_turns
+    config["metrics_public"] = metrics_public
+    config["otlp_endpoint"] = otlp_endpoint
     with refusals(), suppress(KeyboardInterrupt):
         server_config = ServeConfig(**config)
-        log_to_stderr()
+        log_to_stderr(log_format=log_format)
         asyncio.run(run_server(server_config))
 
 

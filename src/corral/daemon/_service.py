@@ -38,6 +38,7 @@ from corral.daemon import (
     _slots,
     _stall,
     _tokens,
+    _tracing,
     _tree_budget,
     _turns,
     _wake,
@@ -61,7 +62,7 @@ from corral.daemon._errors import (
     TooManyApprovalsError,
 )
 from corral.daemon._events import Event, NewEvent
-from corral.daemon._feed import EventFeed
+from corral.daemon._feed import EventFeed, Observer
 from corral.daemon._policy import BUDGET_EXHAUSTED as BUDGET_HELD
 from corral.daemon._records import AgentRecord, DecisionRecord, TurnUsage
 from corral.daemon._spec import AgentSpec, parse_spec
@@ -348,6 +349,10 @@ class AgentService:
     def subscriptions(self) -> int:
         """How many event streams (:meth:`subscribe`) are open."""
         return len(self._feed.subscribers)
+
+    def observe_commits(self, observer: Observer) -> None:
+        """Call ``observer`` with each commit's events once durable (``_feed.Observer``)."""
+        self._feed.observe(observer)
 
     # --- queries ----------------------------------------------------------------------------
 
@@ -1244,7 +1249,8 @@ class AgentService:
             spent=self._spent_by(agent_id, turn),
         )
         try:
-            outcome = await _turns.run(self.harnesses[spec.harness], turn_request)
+            running = _turns.run(self.harnesses[spec.harness], turn_request)
+            outcome = await _tracing.turn(rec, spec.harness, turn, running)
         finally:
             self._stalls.end(agent_id, turn)
         await self._settle_turn(agent_id, turn, outcome)
@@ -1267,7 +1273,7 @@ class AgentService:
             session=_sessions.before(self.store.state.sessions.get(agent_id), turn),
         )
         logger.info("agent %s: adopting turn %d, left waiting on a person", agent_id, turn)
-        outcome = await _turns.adopt(harness, turn_request)
+        outcome = await _tracing.turn(rec, spec.harness, turn, _turns.adopt(harness, turn_request))
         await self._settle_turn(agent_id, turn, outcome)
 
     async def _settle_turn(self, agent_id: str, turn: int, outcome: _turns.Outcome) -> None:
