@@ -120,7 +120,7 @@ async def test_serve_passes_the_settings(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
     monkeypatch.setattr(_server, "serve", fake_serve)
     # Its handler would hold the runner's stderr, closed once the command returns.
-    monkeypatch.setattr(_server, "log_to_stderr", lambda: None)
+    monkeypatch.setattr(_server, "log_to_stderr", lambda **_: None)
     dbs = ["--db", f"shop={TARGETS['shop']}", "--db", f"local={TARGETS['local']}"]
     settings = ["--db-option", "shop.agent_role=gw_agents", "--db-option", "local.max_bytes=64"]
     ok(await corral("serve", "--home", str(tmp_path), *dbs, *settings))

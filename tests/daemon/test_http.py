@@ -703,6 +703,7 @@ async def test_openapi_lists_the_paths_and_describes_the_bodies(front: FrontDoor
         "/gateway/{target}/agents/{agent_id}/history",
         "/gateway/{target}/agents/{agent_id}/freeze",
         "/gateway/{target}/agents/{agent_id}/reinstate",
+        "/metrics",
     }
     schemas = doc["components"]["schemas"]
     query = doc["paths"]["/gateway/query"]["post"]

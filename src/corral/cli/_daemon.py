@@ -81,6 +81,30 @@ def serve(
             "tool calls) up to N bytes; the rest is dropped with a marker (default 1 MiB).",
         ),
     ] = None,
+    log_format: Annotated[
+        str,
+        typer.Option(
+            "--log-format",
+            help="text, or json: one JSON object a line (time, level, logger, message, "
+            "agentId where there is one) for a log collector.",
+        ),
+    ] = "text",
+    metrics_public: Annotated[
+        bool,
+        typer.Option(
+            "--metrics-public",
+            help="Serve GET /metrics without a token (default: an operator's token is "
+            "needed; agents' tokens never are enough).",
+        ),
+    ] = False,
+    otlp_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--otlp-endpoint",
+            help="Export traces over OTLP/HTTP to this collector (e.g. http://127.0.0.1:4318; "
+            "default: OTEL_EXPORTER_OTLP_ENDPOINT, if set). Needs corral[otel].",
+        ),
+    ] = None,
 ) -> None:
     """Run the daemon until interrupted."""
     from corral.daemon._server import ServeConfig, log_to_stderr
@@ -103,9 +127,11 @@ def serve(
         config["max_concurrent_turns"] = max_concurrent_turns
     if turn_log_bytes is not None:
         config["turn_log_bytes"] = turn_log_bytes
+    config["metrics_public"] = metrics_public
+    config["otlp_endpoint"] = otlp_endpoint
     with refusals(), suppress(KeyboardInterrupt):
         server_config = ServeConfig(**config)
-        log_to_stderr()
+        log_to_stderr(log_format=log_format)
         asyncio.run(run_server(server_config))
 
 

@@ -14,7 +14,7 @@ import logging
 import math
 import re
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,8 +27,9 @@ from corral.daemon._targets import (
     check_target_options,
     target_kind,
 )
-from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError
+from corral.kernel import SYSTEM_CLOCK, Clock, CorralError, InvalidArgumentError
 from corral.kernel import _validate as v
+from corral.runtime._tracing import run_context
 
 if TYPE_CHECKING:
     from corral.gateway import BreakerPolicy, Freeze, Gateway
@@ -87,6 +88,7 @@ class Databases:
         self._service = service
         self._limits = dict(limits or {})
         self._told: set[str] = set()  # freezes the event log has (or has been sent)
+        self._observers: list[Callable[[str, str], None]] = []
 
     @classmethod
     async def open(
@@ -267,7 +269,15 @@ class Databases:
             )
         request = snake_request(request)
         name, gw = self.target(target)
-        result = await gw.query(agent_id, request)
+        # The query's span joins the trace of the agent's run (see _tracing).
+        with run_context(self._run_of(agent_id)):
+            try:
+                result = await gw.query(agent_id, request)
+            except CorralError as exc:
+                self._answered(name, exc.code)
+                raise
+        outcome = "replayed" if result.status == "replayed" else result.emptiness or "ok"
+        self._answered(name, outcome)
         return {
             "target": name,
             "status": result.status,
@@ -278,6 +288,23 @@ class Databases:
             "warnings": list(result.warnings),
             "truncated": result.truncated,
         }
+
+    def observe_requests(self, observer: Callable[[str, str], None]) -> None:
+        """Call ``observer(target, outcome)`` as each request is answered: ``ok``,
+        ``genuinely_empty``, ``suspiciously_empty``, ``replayed`` or the refusal's code (the
+        daemon's metrics). It must be quick; what it raises is logged, never raised."""
+        self._observers.append(observer)
+
+    def _answered(self, name: str, outcome: str) -> None:
+        for observer in self._observers:
+            try:
+                observer(name, outcome)
+            except Exception:
+                logger.exception("an observer of the gateway's requests failed")
+
+    def _run_of(self, agent_id: str) -> str | None:
+        rec = None if self._service is None else self._service.store.state.agents.get(agent_id)
+        return None if rec is None else rec["runId"]
 
     def status(self, target: str | None, agent_id: str) -> Json:
         _agent("status", agent_id)

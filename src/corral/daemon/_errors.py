@@ -374,6 +374,20 @@ class GatewayNotInstalledError(DaemonError, UsageError):
         )
 
 
+class OtelNotInstalledError(DaemonError, UsageError):
+    """Traces are to be exported (``--otlp-endpoint``, ``OTEL_EXPORTER_OTLP_ENDPOINT``) but
+    OpenTelemetry's SDK and exporter are not installed."""
+
+    code = "otel_not_installed"
+
+    def __init__(self, missing: str) -> None:
+        super().__init__(
+            f"exporting traces needs the otel extra (missing module {missing!r}): "
+            "pip install 'corral[otel]'",
+            missing=missing,
+        )
+
+
 class NotFrozenError(DaemonError):
     """A reinstatement of an agent that is not frozen in that database (already
     reinstated, perhaps by someone else)."""

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Iterable
+import logging
+from collections.abc import AsyncGenerator, Callable, Sequence
 
 from corral.daemon._events import Event
 from corral.daemon.stores import Store
 
 _PAGE = 1000  # events read from the log at a time while a subscriber catches up
+logger = logging.getLogger("corral.daemon")
+
+Observer = Callable[[Sequence[Event]], None]
+"""Told each commit's events, in order, once they are durable (see :meth:`EventFeed.observe`)."""
 
 
 class _Subscriber:
@@ -30,7 +35,14 @@ class EventFeed:
         self._store = store
         self._buffer = buffer
         self._subscribers: set[_Subscriber] = set()
+        self._observers: list[Observer] = []
         self._closed = False
+
+    def observe(self, observer: Observer) -> None:
+        """Call ``observer`` with the events of each commit as they are published (metrics
+        derived from the log). It runs on the commit's path: it must be quick, and what it
+        raises is logged, never raised."""
+        self._observers.append(observer)
 
     @property
     def subscribers(self) -> frozenset[object]:
@@ -69,8 +81,14 @@ class EventFeed:
         finally:
             self._subscribers.discard(sub)
 
-    def publish(self, events: Iterable[Event]) -> None:
-        """Queue committed ``events`` for every subscriber they concern."""
+    def publish(self, events: Sequence[Event]) -> None:
+        """Queue committed ``events`` for every subscriber they concern, and tell the
+        observers."""
+        for observer in self._observers:
+            try:
+                observer(events)
+            except Exception:
+                logger.exception("an observer of the committed events failed")
         for event in events:
             for sub in list(self._subscribers):
                 if sub.agent_id is not None and sub.agent_id != event.agent_id:

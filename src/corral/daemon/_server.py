@@ -27,7 +27,9 @@ from corral.daemon._databases import Databases
 from corral.daemon._dsn import parse_dsn, redacted
 from corral.daemon._errors import DaemonError
 from corral.daemon._http import create_app, is_loopback_host
+from corral.daemon._log_format import JsonFormatter
 from corral.daemon._mcp import mcp_asgi_app
+from corral.daemon._metrics import Metrics
 from corral.daemon._service import AgentService
 from corral.daemon._targets import (
     TargetOptions,
@@ -36,6 +38,7 @@ from corral.daemon._targets import (
     target_kind,
 )
 from corral.daemon._token_file import default_home, ensure_token_file
+from corral.daemon._tracing import check_otlp_endpoint, otlp_configured, start_otlp
 from corral.daemon._turn_log import DEFAULT_TURN_LOG_BYTES
 from corral.daemon.guardrails import Rule, check_custom, load_rules_file
 from corral.daemon.harnesses import CommandHarness, Harness, OpenAIHarness, PythonHarness
@@ -109,6 +112,9 @@ class ServeConfig:
     by the agents' priorities (docs/daemon.md, "Headcount and priority").
     ``turn_log_bytes`` caps each turn's kept output and log (docs/daemon.md, "Turns and
     logs"); the default harnesses keep a command's output up to it too.
+    ``metrics_public`` serves ``GET /metrics`` without a token (docs/daemon.md,
+    "Metrics"); ``otlp_endpoint`` (or the standard ``OTEL_EXPORTER_OTLP_ENDPOINT``) exports
+    traces over OTLP/HTTP (needs ``corral[otel]``; see "Traces").
     ``heartbeat_s`` spaces the
     SSE heartbeat comments; ``shutdown_timeout_s`` bounds the wait for open requests when
     stopping. Bad values raise ``InvalidArgumentError``.
@@ -130,6 +136,8 @@ class ServeConfig:
     guardrails: str | Path | None = None
     max_concurrent_turns: int | None = None
     turn_log_bytes: int = DEFAULT_TURN_LOG_BYTES
+    metrics_public: bool = False
+    otlp_endpoint: str | None = None
 
     def __post_init__(self) -> None:
         where = "ServeConfig"
@@ -164,6 +172,8 @@ class ServeConfig:
         v.positive_int(where, "max_concurrent_turns", self.max_concurrent_turns, optional=True)
         v.positive_int(where, "turn_log_bytes", self.turn_log_bytes)
         object.__setattr__(self, "db_options", dict(self.db_options))
+        v.instance_of(where, "metrics_public", self.metrics_public, bool)
+        check_otlp_endpoint(where, self.otlp_endpoint)
         if token is None and not is_loopback_host(self.host):
             raise TokenRequiredError(self.host)
 
@@ -204,6 +214,9 @@ async def serve(
         if token is None:
             token, token_file = ensure_token_file(config.home)
         store = open_store(config.store, clock=clock)
+        stop_tracing = None
+        if otlp_configured(config.otlp_endpoint):
+            stop_tracing = start_otlp(config.otlp_endpoint)
         try:
             await store.open()
             service = AgentService(
@@ -222,6 +235,7 @@ async def serve(
             # openai agents' corral tools (openai.corralTools), with the databases once open.
             tools = CorralTools(LocalApi(service))
             service.use_agent_tools(tools.for_agent)
+            metrics = Metrics.of(service)  # before start: its settlements count too
             try:
                 await service.start()
                 databases = None
@@ -236,16 +250,21 @@ async def serve(
                         options=config.db_options,
                     )
                     tools.api = LocalApi(service, databases)
+                    metrics.watch(databases)
                 try:
                     served = _Served(sock, listen_url, local_url, token, token_file)
-                    await _run(config, service, databases, served, ready)
+                    await _run(config, service, databases, served, ready, metrics)
                 finally:
                     if databases is not None:
                         await databases.close()
             finally:
                 await service.close()
         finally:
-            await store.close()
+            try:
+                await store.close()
+            finally:
+                if stop_tracing is not None:
+                    stop_tracing()  # flushes the spans not yet exported
     finally:
         sock.close()
 
@@ -268,6 +287,7 @@ async def _run(
     databases: Databases | None,
     served: _Served,
     ready: Callable[[str], Any] | None,
+    metrics: Metrics,
 ) -> None:
     app = create_app(
         service,
@@ -275,6 +295,8 @@ async def _run(
         max_body_bytes=config.max_body_bytes,
         heartbeat_s=config.heartbeat_s,
         databases=databases,
+        metrics=metrics,
+        metrics_public=config.metrics_public,
     )
 
     # MCP over streamable HTTP, behind the same token and body limit as every other route.
@@ -345,16 +367,26 @@ async def _serve_app(
         raise
 
 
-def log_to_stderr(level: int = logging.INFO) -> None:
+LOG_FORMATS = ("text", "json")
+
+
+def log_to_stderr(level: int = logging.INFO, *, log_format: str = "text") -> None:
     """Send corral's log lines (one per agent state change, among others) to stderr.
 
-    Idempotent: a second call adds no second handler. Other loggers are left alone.
+    ``log_format`` ``text`` (``time logger: message``) or ``json`` (one object a line, see
+    :class:`~._log_format.JsonFormatter`). Idempotent: a second call adds no second handler.
+    Other loggers are left alone.
     """
+    if log_format not in LOG_FORMATS:
+        raise InvalidArgumentError("log_to_stderr", "log_format", "text or json", log_format)
     root = logging.getLogger("corral")
     if any(getattr(h, "_corral_stderr", False) for h in root.handlers):
         return
     handler = _StderrHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
     handler._corral_stderr = True  # type: ignore[attr-defined]
     root.addHandler(handler)
     root.setLevel(level)

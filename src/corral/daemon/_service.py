@@ -42,6 +42,7 @@ from corral.daemon import (
     _slots,
     _stall,
     _tokens,
+    _tracing,
     _tree_budget,
     _turn_records,
     _turns,
@@ -66,7 +67,7 @@ from corral.daemon._errors import (
     TooManyApprovalsError,
 )
 from corral.daemon._events import Event, NewEvent
-from corral.daemon._feed import EventFeed
+from corral.daemon._feed import EventFeed, Observer
 from corral.daemon._policy import BUDGET_EXHAUSTED as BUDGET_HELD
 from corral.daemon._records import AgentRecord, DecisionRecord, TurnUsage
 from corral.daemon._spec import AgentSpec, parse_spec
@@ -380,6 +381,10 @@ class AgentService:
     def subscriptions(self) -> int:
         """How many event streams (:meth:`subscribe`) are open."""
         return len(self._feed.subscribers)
+
+    def observe_commits(self, observer: Observer) -> None:
+        """Call ``observer`` with each commit's events once durable (``_feed.Observer``)."""
+        self._feed.observe(observer)
 
     # --- queries ----------------------------------------------------------------------------
 
@@ -1465,7 +1470,8 @@ class AgentService:
             log=self.turn_book.sink(agent_id, turn),
         )
         try:
-            outcome = await _turns.run(self.harnesses[spec.harness], turn_request)
+            running = _turns.run(self.harnesses[spec.harness], turn_request)
+            outcome = await _tracing.turn(rec, spec.harness, turn, running)
         finally:
             self._stalls.end(agent_id, turn)
         await self._settle_turn(agent_id, turn, outcome)
@@ -1489,7 +1495,7 @@ class AgentService:
             log=self.turn_book.sink(agent_id, turn),
         )
         logger.info("agent %s: adopting turn %d, left waiting on a person", agent_id, turn)
-        outcome = await _turns.adopt(harness, turn_request)
+        outcome = await _tracing.turn(rec, spec.harness, turn, _turns.adopt(harness, turn_request))
         await self._settle_turn(agent_id, turn, outcome)
 
     async def _settle_turn(self, agent_id: str, turn: int, outcome: _turns.Outcome) -> None:

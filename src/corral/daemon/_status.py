@@ -48,6 +48,7 @@ STATUS: dict[str, int] = {
     "idempotency_conflict": 422,
     "internal_error": 500,
     "gateway_not_installed": 500,
+    "otel_not_installed": 500,
     "store_unavailable": 503,
     "shutting_down": 503,
     "daemon_unreachable": 503,

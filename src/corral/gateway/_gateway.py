@@ -38,6 +38,7 @@ from corral.gateway.sqlite._engine import sqlite_engine
 from corral.kernel import SYSTEM_CLOCK, Clock, UsageError
 from corral.kernel import _validate as v
 from corral.kernel._errors import InvalidArgumentError
+from corral.runtime import _tracing
 
 __all__ = ["FrozenHook", "Gateway", "ObserveHook", "OnFreezeHook"]
 
@@ -383,7 +384,34 @@ class Gateway:
 
         Returns a :class:`GatewayResult`; raises ``GatewayError`` (docs/gateway.md lists the
         codes) and ``InvalidArgumentError`` when ``agent_id`` is not a non-empty string.
+
+        With OpenTelemetry set up, the request is a ``corral.gateway.query`` span (under the
+        current span: the daemon puts it in the trace of the agent's run), with the agent,
+        the database's system, the request's kind and its outcome code; never the statement
+        or its parameters.
         """
+        if not _tracing.enabled():
+            return await self._query(agent_id, request)
+        system = "postgresql" if isinstance(self._engine, PostgresEngine) else "sqlite"
+        attributes = {
+            "corral.agent.id": agent_id if isinstance(agent_id, str) else None,
+            "db.system.name": system,
+        }
+        with _tracing.span("corral.gateway.query", attributes, kind="client") as span:
+            try:
+                result = await self._query(agent_id, request)
+            except GatewayError as exc:
+                span.set("corral.gateway.outcome", exc.code)
+                raise
+            span.set_all(
+                {
+                    "corral.gateway.outcome": outcome_code(result),
+                    "db.response.returned_rows": result.row_count,
+                }
+            )
+            return result
+
+    async def _query(self, agent_id: str, request: Mapping[str, Any]) -> GatewayResult:
         _agent_id(self._where_query, agent_id)
         engine = self._engine
         if not engine.is_open:

@@ -36,6 +36,7 @@ from corral.daemon._http import (
     _decisions,
     _gateway,
     _lifecycle,
+    _metrics,
     _patch,
     _runs,
     _tokens,
@@ -50,6 +51,7 @@ from corral.daemon._http._common import (
     RouteNotFoundError,
     error_response,
 )
+from corral.daemon._metrics import Metrics
 from corral.daemon._service import AgentService
 from corral.daemon._tokens import TokenIndex
 from corral.kernel import CorralError, InvalidArgumentError
@@ -66,6 +68,7 @@ ROUTES: list[ApiRoute] = [
     *_decisions.ROUTES,
     *_tokens.ROUTES,
     *_gateway.ROUTES,
+    *_metrics.ROUTES,
 ]
 
 
@@ -79,6 +82,8 @@ def create_app(
     max_body_bytes: int = 1_048_576,
     heartbeat_s: float = 15.0,
     databases: Databases | None = None,
+    metrics: Metrics | None = None,
+    metrics_public: bool = False,
 ) -> FastAPI:
     """The HTTP API over ``service`` (and the gateway's routes over ``databases``, when
     given; without, they answer ``unknown_target``).
@@ -96,7 +101,9 @@ def create_app(
     tools at ``/mcp`` with the same reach (both call :class:`~._api.ScopedService`); anything
     else is 403 ``out_of_scope``. Bodies over ``max_body_bytes`` (declared or
     streamed) are refused with 413 ``body_too_large``. ``GET /events`` sends a heartbeat
-    comment every ``heartbeat_s`` seconds. Raises ``InvalidArgumentError`` for bad arguments.
+    comment every ``heartbeat_s`` seconds. ``GET /metrics`` answers ``metrics`` (made for
+    the app when None; an agent's token is refused), without a token when
+    ``metrics_public``. Raises ``InvalidArgumentError`` for bad arguments.
     """
     where = "create_app"
     v.instance_of(where, "service", service, AgentService)
@@ -106,20 +113,26 @@ def create_app(
     v.positive_int(where, "max_body_bytes", max_body_bytes)
     v.positive_number(where, "heartbeat_s", heartbeat_s)
     v.instance_of(where, "databases", databases, (Databases, type(None)))
+    v.instance_of(where, "metrics", metrics, (Metrics, type(None)))
 
+    public = {_metrics.PATH} if metrics_public else set()
     app = FastAPI(
         title="corral daemon",
         version=corral.__version__,
         description="Agents under supervision: spawn, prompt, stop, watch events, decide.",
     )
-    app.openapi = lambda: _openapi(app, token is not None)  # type: ignore[method-assign]
+    app.openapi = lambda: _openapi(app, token is not None, public)  # type: ignore[method-assign]
     named = TokenIndex(lambda: service.store.state)
-    app.add_middleware(_Gate, token=token, named=named, max_body_bytes=max_body_bytes)
+    app.add_middleware(
+        _Gate, token=token, named=named, max_body_bytes=max_body_bytes, public=public
+    )
     app.add_exception_handler(CorralError, _corral_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
 
-    app.state.api = ScopedService(service, databases or Databases({}, service=service))
+    databases = databases or Databases({}, service=service)
+    app.state.api = ScopedService(service, databases)
+    app.state.metrics = metrics or Metrics.of(service, databases)
     app.state.heartbeat_s = heartbeat_s
     for route in ROUTES:
         route.add_to(app)
@@ -169,13 +182,20 @@ class _Gate:
     it: any unexpected exception becomes a bare 500 (and a log entry with the traceback)."""
 
     def __init__(
-        self, app: ASGIApp, *, token: str | None, named: TokenIndex, max_body_bytes: int
+        self,
+        app: ASGIApp,
+        *,
+        token: str | None,
+        named: TokenIndex,
+        max_body_bytes: int,
+        public: set[str],
     ) -> None:
         self.app = app
         self.secret = token
         self.token = None if token is None else token.encode()
         self.named = named
         self.max_body_bytes = max_body_bytes
+        self.public = {"/healthz", *public}  # GET and HEAD without a token
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -220,7 +240,7 @@ class _Gate:
             await error_response(InternalError())(scope, receive, send)
 
     def _refusal(self, scope: Scope, headers: Headers) -> CorralError | None:
-        public = scope["method"] in ("GET", "HEAD") and scope["path"] == "/healthz"
+        public = scope["method"] in ("GET", "HEAD") and scope["path"] in self.public
         scope.pop(CALLER_SCOPE_KEY, None)  # only this gate says who is calling
         if self.secret is not None and not public:
             scheme, _, given = headers.get("authorization", "").partition(" ")
@@ -267,7 +287,7 @@ class _Gate:
         return self.token is not None and host is not None and parts.netloc == host
 
 
-def _openapi(app: FastAPI, secured: bool) -> dict[str, Any]:
+def _openapi(app: FastAPI, secured: bool, public: set[str]) -> dict[str, Any]:
     if app.openapi_schema:
         return app.openapi_schema
     schema = get_openapi(
@@ -291,6 +311,7 @@ def _openapi(app: FastAPI, secured: bool) -> dict[str, Any]:
         components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         schema["security"] = [{"bearer": []}]
         # The gate lets liveness through without a token: the document says so.
-        schema["paths"]["/healthz"]["get"]["security"] = []
+        for path in {"/healthz", *public}:
+            schema["paths"][path]["get"]["security"] = []
     app.openapi_schema = schema
     return schema

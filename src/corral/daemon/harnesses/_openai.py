@@ -22,10 +22,12 @@ from corral.kernel import (
     CostUnknownError,
     InvalidArgumentError,
     MiddlewareStage,
+    RunMeta,
 )
 from corral.kernel import _validate as v
 from corral.runtime import (
     CallNext,
+    Cancellation,
     ChatResult,
     ExecutionTracker,
     Middleware,
@@ -35,6 +37,7 @@ from corral.runtime import (
     ToolGuard,
     WorstCaseBudget,
 )
+from corral.runtime.middleware import Tracing
 
 
 class OpenAIHarness:
@@ -152,6 +155,10 @@ class OpenAIHarness:
             middleware.append(ToolGuard(request.check_action))
         if request.log is not None:
             middleware.insert(0, _Logged(request.log))
+        # First: its spans (model and tool calls) cover the others' work. The run's id is its
+        # trace id, so the spans join the daemon's span of the turn (see docs/daemon.md).
+        middleware.insert(0, Tracing())
+        run_id = request.env.get("CORRAL_RUN_ID")
         timer = TurnTimer(request.timeout_s, request.paused_s)
         limit: asyncio.Timeout | None = None
         try:
@@ -183,7 +190,15 @@ class OpenAIHarness:
                     middleware=middleware,
                     model_options=options.model_options,
                 )
-                run = await agent.run(request.prompt, tracker=tracker, history=history)
+                meta = None
+                if run_id:
+                    meta = RunMeta(
+                        cancellation=Cancellation(clock=agent.clock),
+                        run_id=run_id,
+                        trace_id=run_id,
+                        clock=agent.clock,
+                    )
+                run = await agent.run(request.prompt, meta=meta, tracker=tracker, history=history)
         except asyncio.CancelledError:
             # Cut short from outside: what the model calls spent still counts.
             if request.spent is not None:

@@ -1,7 +1,8 @@
 """corral.runtime.middleware: the pipeline around each TURN, CHAT and TOOL call, and its built-ins.
 
 ``MiddlewarePipeline`` runs ``Middleware`` objects around a handler; the built-ins cache,
-retry, charge budgets, guard tools, redact PII, audit, rate-limit and stop cancelled runs.
+retry, charge budgets, guard tools, redact PII, audit, rate-limit, stop cancelled runs
+and trace (OpenTelemetry, when installed).
 """
 
 from corral.runtime.middleware._audit import Audit, AuditEvent
@@ -28,6 +29,7 @@ from corral.runtime.middleware._retry import (
     WaitStrategy,
     is_transient,
 )
+from corral.runtime.middleware._tracing import Tracing
 
 __all__ = [
     "Audit",
@@ -49,6 +51,7 @@ __all__ = [
     "StopStrategy",
     "TenantRateLimit",
     "ToolGuard",
+    "Tracing",
     "WaitExponential",
     "WaitFixed",
     "WaitStrategy",
