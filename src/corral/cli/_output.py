@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.table import Table
 
 STATE_STYLES = {
     "running": "cyan",
@@ -87,6 +88,14 @@ def stderr() -> "Console":
     return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+def table(*headers: str, title: str | None = None, show_header: bool = True) -> "Table":
+    """An empty table with these column headers (the title is shown as it is: pass what came
+    from an agent through ``cell``). Print it with :func:`print_fitted`."""
+    from rich.table import Table
+
+    return Table(*headers, title=title, show_header=show_header)
+
+
 def print_table(
     title: str,
     rows: list[dict[str, Any]],
@@ -94,14 +103,63 @@ def print_table(
     *,
     headers: dict[str, str] | None = None,
 ) -> None:
-    """Rows as a rich table, one column per key (a ``state`` column is coloured)."""
-    from rich.table import Table
-
+    """Rows as a table that fits the terminal, one column per key (a ``state`` column is
+    coloured)."""
     names = headers or {}
-    table = Table(*(names.get(k, k) for k in keys), title=plain(title))
+    shown = table(*(names.get(k, k) for k in keys), title=plain(title))
     for row in rows:
-        table.add_row(*(state(row.get(k)) if k == "state" else cell(row.get(k)) for k in keys))
-    stdout().print(table)
+        shown.add_row(*(state(row.get(k)) if k == "state" else cell(row.get(k)) for k in keys))
+    print_fitted(shown)
+
+
+# Columns shown whole however narrow the terminal: identifiers, which are copied to the next
+# command, and any column whose cells are this short.
+WHOLE = frozenset({"id", "agent", "parent", "from", "decision", "run", "field", "target"})
+SHORT = 10
+MIN_WIDTH = 4  # a column cut to fit keeps at least this much ("nam…")
+
+
+def print_fitted(shown: "Table") -> None:
+    """Print ``shown`` within the terminal's width, one line a row: a cell too long for its
+    column is cut with an ellipsis, never wrapped (``--json`` has every value whole)."""
+    console = stdout()
+    fit(shown, console.width)
+    console.print(shown)
+
+
+def fit(shown: "Table", width: int) -> None:
+    """Set the columns of ``shown`` to one line a cell within ``width`` characters: the
+    columns of :data:`WHOLE` and the short ones keep their natural width, the others share
+    what is left (the narrowest get all they need first, the wider ones the rest equally)."""
+    from rich.text import Text
+
+    def length(value: Any) -> int:
+        return Text.from_markup(value).cell_len if isinstance(value, str) else 0
+
+    natural: list[int] = []
+    for column in shown.columns:
+        column.no_wrap = True
+        column.overflow = "ellipsis"
+        lengths = [length(c) for c in column.cells]
+        if shown.show_header:
+            lengths.append(length(column.header))
+        natural.append(max(lengths, default=0))
+    # Each column takes a space either side and a rule: 3 characters, and one for the edge.
+    left = width - 3 * len(natural) - 1
+    if sum(natural) <= left:
+        return
+    cut = [
+        i
+        for i, column in enumerate(shown.columns)
+        if natural[i] > SHORT and str(column.header) not in WHOLE
+    ]
+    left -= sum(n for i, n in enumerate(natural) if i not in cut)
+    cut.sort(key=natural.__getitem__)
+    for done, i in enumerate(cut):
+        share = max(MIN_WIDTH, left // (len(cut) - done))
+        given = min(natural[i], share)
+        shown.columns[i].max_width = given
+        left -= given
 
 
 def cell(value: Any) -> str:
