@@ -8,7 +8,6 @@ from typing import Annotated, Any
 
 import typer
 
-from corral.cli import _runs
 from corral.cli._calls import call, refusals
 from corral.cli._options import (
     AgentArg,
@@ -126,7 +125,9 @@ def stop(
                 "stop", "agent", "an agent id or --run RUN, not both", agent_id
             )
     if run is not None:
-        _runs.stop_run(ctx, run, by, why, key, as_json=as_json)
+        from corral.cli._runs import stop_run
+
+        stop_run(ctx, run, by, why, key, as_json=as_json)
         return
     assert agent_id is not None
     answer = call(target(ctx), lambda api: api.stop(agent_id, by=by, why=why, idempotency_key=key))
