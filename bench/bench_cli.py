@@ -7,7 +7,9 @@ interpreter start, imports, the request, printing), one command after the other 
 that a busy moment of the machine falls on all of them alike. The daemon runs in this
 process, served by uvicorn on a loopback port in a thread, over SQLite; its 100 agents ran one
 turn each through a harness that starts no process. Run with ``.venv/bin/python -m bench
-bench_cli`` (``CORRAL_BENCH_RUNS=N`` for another number of runs).
+bench_cli`` (``CORRAL_BENCH_RUNS=N`` for another number of runs;
+``CORRAL_BENCH_BEFORE=DIR``, the ``src`` directory of another checkout, times that code too,
+in the same rounds, as ``before``: on a busy machine only figures taken together compare).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from bench._harness import row
 
 AGENTS = 100
 RUNS = int(os.environ.get("CORRAL_BENCH_RUNS", "40"))
+BEFORE = os.environ.get("CORRAL_BENCH_BEFORE")
 SPEC = {"harness": "command", "command": ["-"], "prompt": "one turn"}
 
 
@@ -98,36 +101,50 @@ def command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "corral.cli"]
 
 
+def percentiles(times: list[float]) -> tuple[str, str]:
+    times = sorted(times)
+    p99 = times[max(0, round(len(times) * 0.99) - 1)]
+    return f"{statistics.median(times):.0f} ms", f"{p99:.0f} ms"
+
+
 def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="bench-cli-"))
     url, stop = serve_in_thread(home)
     env = {**os.environ, "CORRAL_URL": url, "CORRAL_TOKEN": "bench-token", "COLUMNS": "120"}
+    envs = {"now": env}
+    if BEFORE:
+        envs["before"] = {**env, "PYTHONPATH": BEFORE}
     cases = {
         "corral --help": ["--help"],
         f"corral agents ({AGENTS} agents, a table)": ["agents"],
         f"corral agents --json ({AGENTS} agents)": ["agents", "--json"],
     }
-    took: dict[str, list[float]] = {label: [] for label in cases}
+    took: dict[tuple[str, str], list[float]] = {(c, e): [] for c in cases for e in envs}
     try:
         for args in cases.values():  # warm-up: the files in the page cache
-            subprocess.run([*command(), *args], env=env, capture_output=True, check=True)
+            for run_env in envs.values():
+                subprocess.run([*command(), *args], env=run_env, capture_output=True, check=True)
         for _ in range(RUNS):
             for label, args in cases.items():
-                start = time.perf_counter()
-                done = subprocess.run([*command(), *args], env=env, capture_output=True)
-                took[label].append((time.perf_counter() - start) * 1000)
-                if done.returncode != 0:
-                    raise RuntimeError(f"{label} exited {done.returncode}: {done.stderr!r}")
+                for which, run_env in envs.items():
+                    start = time.perf_counter()
+                    done = subprocess.run([*command(), *args], env=run_env, capture_output=True)
+                    took[label, which].append((time.perf_counter() - start) * 1000)
+                    if done.returncode != 0:
+                        raise RuntimeError(f"{label} exited {done.returncode}: {done.stderr!r}")
     finally:
         stop.set()
         shutil.rmtree(home, ignore_errors=True)
     print(f"The corral command as a new process, {RUNS} runs each\n")
-    print(row("command", "p50", "p99"))
-    print(row("---", "---:", "---:"))
-    for label, times in took.items():
-        times.sort()
-        p99 = times[max(0, round(len(times) * 0.99) - 1)]
-        print(row(f"`{label}`", f"{statistics.median(times):.0f} ms", f"{p99:.0f} ms"))
+    if BEFORE:
+        print(row("command", "p50", "p99", "before: p50", "before: p99"))
+        print(row("---", "---:", "---:", "---:", "---:"))
+    else:
+        print(row("command", "p50", "p99"))
+        print(row("---", "---:", "---:"))
+    for label in cases:
+        cells = [c for which in envs for c in percentiles(took[label, which])]
+        print(row(f"`{label}`", *cells))
 
 
 if __name__ == "__main__":
