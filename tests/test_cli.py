@@ -19,11 +19,15 @@ from typer.testing import CliRunner, Result
 
 from corral import cli
 from corral.daemon import (
+    AgentBusyError,
     AgentNotFoundError,
+    AgentNotLiveError,
+    AgentPausedError,
     DaemonError,
     DaemonUnreachableError,
     InvalidSpecError,
     RemoteError,
+    UnauthorizedError,
 )
 from corral.daemon._token_file import ensure_token_file
 from corral.kernel import InvalidArgumentError
@@ -160,19 +164,19 @@ async def test_supervision_from_the_command_line(daemon: FrontDoor, tmp_path: Pa
     assert again == stopped  # the same key answers the first answer
     assert daemon.state(child) == "stopped"
 
-    err = refused(await corral("--url", daemon.url, "prompt", child), 2)
+    err = refused(await corral("--url", daemon.url, "prompt", child), 4)
     assert err.startswith(f"error agent_not_live: agent '{child}' is stopped;")
 
     restarted = ok(await corral("--url", daemon.url, "restart", child, "--why", "again"))
     assert restarted == f"{child}: restart accepted, runs turn 3\n"
     await settle(lambda: daemon.state(child) == "idle")
-    err = refused(await corral("--url", daemon.url, "rm", parent), 2)
+    err = refused(await corral("--url", daemon.url, "rm", parent), 4)
     assert err.startswith(f"error agent_live: agent '{parent}' is idle;")
     stopped = ok(await corral("--url", daemon.url, "stop", parent, "--now"))
     assert stopped == f"{parent}: stop accepted, 2 agents, children first\n  {child}\n  {parent}\n"
     gone = json.loads(ok(await corral("--url", daemon.url, "rm", parent, "--json")))
     assert gone == {"id": parent, "deleted": [child, parent]}
-    refused(await corral("--url", daemon.url, "show", child), 2)
+    refused(await corral("--url", daemon.url, "show", child), 3)
 
 
 HOSTILE = "\x1b[2J\x1b]0;pwned\x07red\r\nforged line\u202e"
@@ -208,7 +212,7 @@ async def test_budget_raises_a_budget_from_the_command_line(
 ) -> None:
     agent = await spawn(daemon, tmp_path, prompt="go", budget={"maxTurns": 1})
     await settle(lambda: daemon.state(agent) == "idle")
-    err = refused(await corral("--url", daemon.url, "prompt", agent, "more"), 2)
+    err = refused(await corral("--url", daemon.url, "prompt", agent, "more"), 4)
     assert err.startswith(f"error budget_exhausted: agent '{agent}': turns budget exhausted")
     assert f"corral budget {agent}" in err
     shown = await corral("--url", daemon.url, "decisions")
@@ -337,8 +341,8 @@ async def test_a_reader_that_goes_away_ends_events_quietly(
 # --- errors -------------------------------------------------------------------------------
 
 
-async def test_refusals_print_the_code_and_exit_2(daemon: FrontDoor, tmp_path: Path) -> None:
-    err = refused(await corral("--url", daemon.url, "show", "a_00000000"), 2)
+async def test_refusals_print_the_code_and_exit_by_kind(daemon: FrontDoor, tmp_path: Path) -> None:
+    err = refused(await corral("--url", daemon.url, "show", "a_00000000"), 3)
     assert err == "error agent_not_found: no agent with id 'a_00000000'\n"
 
     bad = spec_file(tmp_path, "bad.json", harness="nope", extra=1)
@@ -369,11 +373,11 @@ async def test_spawn_reads_the_spec_from_stdin(daemon: FrontDoor) -> None:
     assert json.loads(result.stdout)["name"] == "w"
 
 
-async def test_no_daemon_exits_1_with_a_clear_message() -> None:
+async def test_no_daemon_exits_69_with_a_clear_message() -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    err = refused(await corral("--url", url, "agents"), 1)
+    err = refused(await corral("--url", url, "agents"), 69)
     assert err.startswith(f"error daemon_unreachable: no daemon answers at {url} (")
-    err = refused(await corral("--url", url, "events", "--follow"), 1)
+    err = refused(await corral("--url", url, "events", "--follow"), 69)
     assert err.startswith(f"error daemon_unreachable: no daemon answers at {url} (")
     err = refused(await corral("--url", "localhost:4600", "agents"), 2)
     assert err.startswith("error invalid_argument: HttpApi: url must be an http")
@@ -383,9 +387,9 @@ async def test_url_and_token_from_the_environment(tmp_path: Path) -> None:
     async with running_daemon(tmp_path, token="s3cret") as d:
         env: dict[str, str | None] = {"CORRAL_URL": d.url, "CORRAL_TOKEN": "s3cret"}
         assert json.loads(ok(await corral("agents", "--json", env=env))) == []
-        err = refused(await corral("--token", "wrong", "agents", env=env), 2)
+        err = refused(await corral("--token", "wrong", "agents", env=env), 77)
         assert err == "error unauthorized: a valid bearer token is required\n"
-        err = refused(await corral("--url", d.url, "agents"), 2)
+        err = refused(await corral("--url", d.url, "agents"), 77)
         assert err.startswith("error unauthorized:")
 
 
@@ -399,10 +403,10 @@ async def test_the_token_file_of_a_local_daemon_is_read(cli_home: Path, tmp_path
         localhost = d.url.replace("127.0.0.1", "localhost")
         assert json.loads(ok(await corral("--url", localhost, "agents", "--json"))) == []
         # --token, then CORRAL_TOKEN, win over the file.
-        err = refused(await corral("--url", d.url, "--token", "wrong", "agents"), 2)
+        err = refused(await corral("--url", d.url, "--token", "wrong", "agents"), 77)
         assert err.startswith("error unauthorized:")
         env: dict[str, str | None] = {"CORRAL_TOKEN": "wrong"}
-        err = refused(await corral("--url", d.url, "agents", env=env), 2)
+        err = refused(await corral("--url", d.url, "agents", env=env), 77)
         assert err.startswith("error unauthorized:")
         # An empty CORRAL_TOKEN is no token: the file is read.
         env = {"CORRAL_TOKEN": ""}
@@ -497,19 +501,19 @@ async def test_token_create_list_and_revoke(tmp_path: Path) -> None:
         assert "alice" in table
         assert alice not in table
         assert bob["token"] not in table
-        err = refused(await corral("token", "create", "alice", env=env), 2)
+        err = refused(await corral("token", "create", "alice", env=env), 4)
         assert err.startswith("error token_exists: a token named 'alice' is live since")
         err = refused(await corral("token", "create", "9lives", env=env), 2)
         assert err.startswith("error invalid_request: invalid token name")
         said = ok(await corral("token", "revoke", "alice", env=as_alice))
         assert said == "token alice revoked by alice\n"
-        err = refused(await corral("agents", env=as_alice), 2)
+        err = refused(await corral("agents", env=as_alice), 77)
         assert err.startswith("error unauthorized:")
-        err = refused(await corral("token", "revoke", "alice", env=env), 2)
+        err = refused(await corral("token", "revoke", "alice", env=env), 3)
         assert err.startswith("error token_not_found: no live token named 'alice'")
         agent_id = str((await d.service.spawn(SPEC)).body["id"])
         as_agent: dict[str, str | None] = {**env, "CORRAL_TOKEN": d.agent_token(agent_id)}
-        err = refused(await corral("token", "list", env=as_agent), 2)
+        err = refused(await corral("token", "list", env=as_agent), 77)
         assert err.startswith("error out_of_scope:")
 
 
@@ -622,10 +626,20 @@ def test_main_runs_the_app(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_exit_codes() -> None:
-    assert cli.exit_code(AgentNotFoundError("a_1")) == 2
+    """One mapping from the typed error: unreachable, then retryable, then HTTP status."""
     assert cli.exit_code(InvalidSpecError([{"field": "x", "message": "y"}])) == 2
     assert cli.exit_code(InvalidArgumentError("f", "x", "an int", "s")) == 2
     assert cli.exit_code(RemoteError("teapot", "short", status=418)) == 2
-    assert cli.exit_code(RemoteError("internal_error", "boom", status=500)) == 1
-    assert cli.exit_code(DaemonUnreachableError("http://x", "refused")) == 1
     assert cli.exit_code(DaemonError("plain")) == 2  # the family's status is 400
+    assert cli.exit_code(AgentNotFoundError("a_1")) == 3
+    assert cli.exit_code(RemoteError("gone", "no such thing", status=404)) == 3
+    assert cli.exit_code(AgentNotLiveError("a_1", "stopped")) == 4
+    assert cli.exit_code(RemoteError("agent_frozen", "frozen", status=423)) == 4
+    assert cli.exit_code(UnauthorizedError()) == 77
+    assert cli.exit_code(RemoteError("out_of_scope", "not yours", status=403)) == 77
+    assert cli.exit_code(AgentBusyError("a_1")) == 75
+    assert cli.exit_code(AgentPausedError("a_1", "ops")) == 75
+    assert cli.exit_code(RemoteError("pool_exhausted", "later", status=429, retryable=True)) == 75
+    assert cli.exit_code(RemoteError("shutting_down", "bye", status=503, retryable=True)) == 75
+    assert cli.exit_code(DaemonUnreachableError("http://x", "refused")) == 69
+    assert cli.exit_code(RemoteError("internal_error", "boom", status=500)) == 1

@@ -109,7 +109,7 @@ async def test_targets_and_queries(daemon_url: str) -> None:
         await corral("--url", daemon_url, "gateway", "query", "a-1", write, "-t", "local"), 2
     )
     assert err.startswith("error idempotency_key_required:")
-    err = refused(await corral("--url", daemon_url, "gateway", "query", "a-1", "SELECT 1"), 2)
+    err = refused(await corral("--url", daemon_url, "gateway", "query", "a-1", "SELECT 1"), 3)
     assert err.startswith("error unknown_target: several databases are configured")
 
 
@@ -119,7 +119,7 @@ async def test_freeze_decide_reinstate_and_history(daemon_url: str) -> None:
             daemon_url, "freeze", "bot-1", "--reason", "runaway loop", "--by", "ops", "-t", "shop"
         )
     err = refused(
-        await corral("--url", daemon_url, "gateway", "query", "bot-1", "SELECT 1", "-t", "shop"), 2
+        await corral("--url", daemon_url, "gateway", "query", "bot-1", "SELECT 1", "-t", "shop"), 4
     )
     assert err.startswith("error agent_frozen:")
 

@@ -67,7 +67,7 @@ def test_make_run_team_shows_each_policy(tmp_path: Path) -> None:
             env=env,
             cwd=elsewhere,  # no .corral/token here: nothing to send, so refused
         )
-        assert anonymous.returncode == 2, anonymous.stderr
+        assert anonymous.returncode == 77, anonymous.stderr
         assert anonymous.stderr.startswith("error unauthorized:")
 
         def agents() -> dict[str, dict[str, object]]:

@@ -71,5 +71,5 @@ def test_names_and_patch_through_serve_and_the_cli(tmp_path: Path) -> None:
         ]
 
         unknown = corral(daemon, "patch", "nobody", "--notify-on", "done", "--why", "x")
-        assert unknown.returncode == 2
+        assert unknown.returncode == 3
         assert "agent_not_found" in unknown.stderr

@@ -7,11 +7,27 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from corral.cli._calls import call, refusals
-from corral.cli._options import AgentArg, ByOpt, JsonOpt, KeyOpt, WhyOpt, target
-from corral.cli._output import cell, print_json, print_table, say, state, stdout
+from corral.cli._options import (
+    AgentArg,
+    ByOpt,
+    JsonAnswerOpt,
+    JsonOpt,
+    KeyOpt,
+    WhyOpt,
+    target,
+)
+from corral.cli._output import (
+    cell,
+    print_fitted,
+    print_json,
+    print_table,
+    say,
+    state,
+    stdout,
+    table,
+)
 
 
 def spawn(
@@ -55,13 +71,13 @@ def show(ctx: typer.Context, agent_id: AgentArg, as_json: JsonOpt = False) -> No
     if as_json:
         print_json(agent)
         return
-    table = Table("field", "value", show_header=False, title=f"agent {cell(agent.get('id'))}")
+    shown = table("field", "value", show_header=False, title=f"agent {cell(agent.get('id'))}")
     for name, value in agent.items():
         if name == "spec":
             continue
-        table.add_row(cell(name), state(value) if name == "state" else cell(value))
-    table.add_row("spec", cell(agent.get("spec")))
-    stdout().print(table)
+        shown.add_row(cell(name), state(value) if name == "state" else cell(value))
+    shown.add_row("spec", cell(agent.get("spec")))
+    print_fitted(shown)
 
 
 def prompt(
@@ -81,16 +97,20 @@ def prompt(
             "10 when it failed, 11 when it was interrupted.",
         ),
     ] = False,
+    as_json: JsonAnswerOpt = False,
 ) -> None:
     """Start a turn of an idle or blocked agent (resolves a blocked agent's decision)."""
     if wait:
         from corral.cli._logs import prompt_and_wait
 
-        prompt_and_wait(ctx, agent_id, text, by, why, key)
+        prompt_and_wait(ctx, agent_id, text, by, why, key, as_json=as_json)
     answer = call(
         target(ctx),
         lambda api: api.prompt(agent_id, text, by=by, why=why, idempotency_key=key),
     )
+    if as_json:
+        print_json(answer)
+        return
     say(f"{answer.get('id', agent_id)}: {answer.get('accepted', 'prompt')} accepted")
 
 
@@ -159,14 +179,14 @@ def inbox(ctx: typer.Context, agent_id: AgentArg, as_json: JsonOpt = False) -> N
     if as_json:
         print_json(notices)
         return
-    table = Table("id", "from", "kind", "state", "detail", title=f"inbox of {cell(agent_id)}")
+    shown = table("id", "from", "kind", "state", "detail", title=f"inbox of {cell(agent_id)}")
     for n in notices:
         detail = n.get("reason") or n.get("error") or n.get("output") or ""
         who = cell(f"{n.get('fromName', '')} ({n.get('from', '')})".strip())
-        table.add_row(
+        shown.add_row(
             cell(n.get("id")), who, cell(n.get("kind")), cell(n.get("state")), cell(detail)
         )
-    stdout().print(table)
+    print_fitted(shown)
 
 
 SESSION_TEXT = 300  # characters of a message shown in the table (--json shows all)
@@ -180,7 +200,7 @@ def session(ctx: typer.Context, agent_id: AgentArg, as_json: JsonOpt = False) ->
         return
     messages = found.get("messages") or []
     title = f"session of {cell(agent_id)} (history {cell(found.get('history'))})"
-    table = Table("turn", "role", "content", "at", title=title)
+    shown = table("turn", "role", "content", "at", title=title)
     for m in messages:
         content = str(m.get("content") or "")
         for tool in m.get("toolCalls") or ():
@@ -190,8 +210,8 @@ def session(ctx: typer.Context, agent_id: AgentArg, as_json: JsonOpt = False) ->
         role = str(m.get("role"))
         if m.get("name"):
             role += f" {m['name']}"
-        table.add_row(cell(m.get("turn")), cell(role), cell(content), cell(m.get("at")))
-    stdout().print(table)
+        shown.add_row(cell(m.get("turn")), cell(role), cell(content), cell(m.get("at")))
+    print_fitted(shown)
 
 
 def _load_spec(path: str) -> dict[str, Any]:

@@ -8,8 +8,9 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, NoReturn, TypeVar
 
+from corral.cli._exits import exit_code
 from corral.cli._output import say
-from corral.kernel import CorralError, UsageError
+from corral.kernel import CorralError
 
 if TYPE_CHECKING:
     from corral.daemon._client import HttpApi
@@ -51,19 +52,27 @@ class Target:
         return read_token_file(token_path())
 
 
-def exit_code(error: CorralError) -> int:
-    """2 for a usage error or a 4xx answer, 1 for anything else."""
-    from corral.daemon._status import http_status
+_errors_as_json = False
 
-    status = http_status(error)
-    return 2 if isinstance(error, UsageError) or 400 <= status < 500 else 1
+
+def errors_as_json(on: bool) -> None:
+    """``--json`` was given: a refusal is printed as JSON (on stderr) too."""
+    global _errors_as_json
+    _errors_as_json = on
 
 
 def fail(error: CorralError) -> NoReturn:
-    """Print ``error <code>: <message>`` on stderr and exit with ``exit_code(error)``."""
+    """Print ``error <code>: <message>`` on stderr (with --json, the daemon's error body
+    ``{"error": {code, message, retryable, details}}``) and exit with ``exit_code(error)``."""
     import typer
 
-    say(f"error {error.code}: {error.message}", err=True)
+    if _errors_as_json:
+        import json
+        import sys
+
+        print(json.dumps({"error": error.to_dict()}, default=str), file=sys.stderr, flush=True)
+    else:
+        say(f"error {error.code}: {error.message}", err=True)
     raise typer.Exit(exit_code(error))
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from corral.cli._calls import call, fail, refusals
-from corral.cli._options import ByOpt, JsonOpt, KeyOpt, target
+from corral.cli._options import ByOpt, JsonAnswerOpt, JsonOpt, KeyOpt, json_option, target
 from corral.cli._output import print_json, print_table, say, stderr
 from corral.kernel import InvalidArgumentError
 
@@ -78,6 +78,7 @@ def decide(
     ] = None,
     by: ByOpt = None,
     key: KeyOpt = None,
+    as_json: JsonAnswerOpt = False,
 ) -> None:
     """Answer a decision (recorded with your token's name, and --why)."""
     changes = None
@@ -86,19 +87,31 @@ def decide(
             changes = _json_object(
                 "decide", "--budget", budget, 'a JSON object like {"maxCostUsd": 5}'
             )
-    _answer(ctx, decision, answer, why=why, text=text, budget=changes, by=by, key=key)
+    _answer(
+        ctx, decision, answer, why=why, text=text, budget=changes, by=by, key=key, as_json=as_json
+    )
 
 
 def approve(
-    ctx: typer.Context, decision: DecisionArg, why: WhyOpt = None, key: KeyOpt = None
+    ctx: typer.Context,
+    decision: DecisionArg,
+    why: WhyOpt = None,
+    key: KeyOpt = None,
+    as_json: JsonAnswerOpt = False,
 ) -> None:
     """Approve an agent's action (``corral decide ID approve``)."""
-    _answer(ctx, decision, "approve", why=why, key=key)
+    _answer(ctx, decision, "approve", why=why, key=key, as_json=as_json)
 
 
-def deny(ctx: typer.Context, decision: DecisionArg, why: WhyOpt = None, key: KeyOpt = None) -> None:
+def deny(
+    ctx: typer.Context,
+    decision: DecisionArg,
+    why: WhyOpt = None,
+    key: KeyOpt = None,
+    as_json: JsonAnswerOpt = False,
+) -> None:
     """Deny an agent's action (``corral decide ID deny``)."""
-    _answer(ctx, decision, "deny", why=why, key=key)
+    _answer(ctx, decision, "deny", why=why, key=key, as_json=as_json)
 
 
 def _answer(
@@ -111,6 +124,7 @@ def _answer(
     budget: dict[str, Any] | None = None,
     by: str | None = None,
     key: str | None = None,
+    as_json: bool = False,
 ) -> None:
     done = call(
         target(ctx),
@@ -118,6 +132,9 @@ def _answer(
             decision, answer, why=why, by=by, text=text, budget=budget, idempotency_key=key
         ),
     )
+    if as_json:
+        print_json(done)
+        return
     say(f"{done.get('decision', decision)}: {done.get('answer', answer)} recorded")
 
 
@@ -154,6 +171,9 @@ def check(
     context: Annotated[
         str | None, typer.Option("--context", help="Details for the person, as a JSON object.")
     ] = None,
+    as_json: Annotated[
+        bool, json_option("Print the verdict as JSON on stdout (the exit status is the same).")
+    ] = False,
 ) -> None:
     """Ask before acting: exit 0 when allowed; 1 when blocked, denied, timed out or still
     waiting after --wait (the reason on stderr). Inside an agent the daemon's URL, token
@@ -166,6 +186,11 @@ def check(
             details = _json_object("check", "--context", context, "a JSON object")
     deadline = None if wait is None else time.monotonic() + wait
     verdict = call(target(ctx), lambda api: _check(api, agent, action, details, deadline))
+    if as_json:
+        print_json(verdict)
+        if verdict.get("verdict") != "allowed":
+            raise typer.Exit(1)
+        return
     for warning in verdict.get("warnings", []):
         say(f"warning ({warning.get('rule')}): {warning.get('reason')}", err=True)
     outcome = verdict.get("verdict")

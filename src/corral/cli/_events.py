@@ -7,10 +7,9 @@ from contextlib import suppress
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.text import Text
 
 from corral.cli._calls import call, refusals
-from corral.cli._options import target
+from corral.cli._options import json_option, target
 from corral.cli._output import stdout, visible, write_line
 
 if TYPE_CHECKING:
@@ -26,7 +25,7 @@ def events(
     after: Annotated[
         int | None, typer.Option(min=0, help="Only events with a greater seq.")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object a line.")] = False,
+    as_json: Annotated[bool, json_option("One JSON object a line.")] = False,
     types: Annotated[
         list[str] | None,
         typer.Option("--type", "-t", help="Only events of this type (repeat it, or a, b)."),
@@ -38,12 +37,14 @@ def events(
 ) -> None:
     """The event log; with --follow, then live events (resumes across reconnects)."""
     conn = target(ctx)
-    console = stdout()
+    console = None if as_json else stdout()  # rich, for a person only
 
     def emit(event: Any) -> None:
         if as_json:
             write_line(json.dumps(event.to_dict(), default=str))
             return
+        from rich.text import Text
+
         # JSON's own escapes (ASCII only) keep the data's control characters visible.
         line = Text.assemble(
             f"{event.seq:>6}  ",
@@ -54,6 +55,7 @@ def events(
             json.dumps(event.data, separators=(",", ":"), default=str),
         )
         # One line an event; --json has every field in full.
+        assert console is not None
         console.print(line, no_wrap=True, overflow="ellipsis", crop=True)
 
     wanted = {t.strip() for value in types or () for t in value.split(",")}

@@ -7,17 +7,17 @@ import json
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from corral.cli._calls import call, refusals
-from corral.cli._options import JsonOpt, target
-from corral.cli._output import cell, print_json, print_table, say, stdout
+from corral.cli._options import JsonAnswerOpt, JsonOpt, target
+from corral.cli._output import cell, print_fitted, print_json, print_table, say, table
 from corral.kernel import InvalidArgumentError
 
 app = typer.Typer(
     help="The database gateway of a daemon started with --db NAME=DSN: targets, queries, "
     "breakers, freezes and reinstatements.",
     no_args_is_help=True,
+    add_completion=False,
 )
 
 AgentArg = Annotated[str, typer.Argument(help="The agent's id.")]
@@ -120,11 +120,11 @@ def status(
     if as_json:
         print_json(found)
         return
-    table = Table("signal", "count", "threshold", title=_status_title(found))
+    shown = table("signal", "count", "threshold", title=_status_title(found))
     thresholds = found.get("thresholds") or {}
     for name, count in (found.get("counts") or {}).items():
-        table.add_row(cell(name), cell(count), cell(thresholds.get(name)))
-    stdout().print(table)
+        shown.add_row(cell(name), cell(count), cell(thresholds.get(name)))
+    print_fitted(shown)
     freeze = found.get("freeze")
     if freeze:
         say(f"frozen since {freeze.get('at')}: {freeze.get('reason')}")
@@ -137,9 +137,13 @@ def freeze(
     reason: Annotated[str, typer.Option("--reason", help="Why (recorded).")],
     by: Annotated[str | None, typer.Option("--by", help="Who (recorded).")] = None,
     target_name: TargetOpt = None,
+    as_json: JsonAnswerOpt = False,
 ) -> None:
     """Freeze an agent in a database: every request refused until reinstated."""
     done = call(target(ctx), lambda api: api.db_freeze(agent_id, reason, by, target_name))
+    if as_json:
+        print_json(done)
+        return
     say(f"{agent_id} frozen in {done.get('target')}: {done.get('reason')}")
 
 
@@ -153,9 +157,13 @@ def reinstate(
         typer.Option("--by", help="A name kept as a note (the record names your token's owner)."),
     ] = None,
     target_name: TargetOpt = None,
+    as_json: JsonAnswerOpt = False,
 ) -> None:
     """Lift an agent's freeze in a database (a person's decision, recorded)."""
     done = call(target(ctx), lambda api: api.db_reinstate(agent_id, by, reason, target_name))
+    if as_json:
+        print_json(done)
+        return
     say(f"{agent_id} reinstated in {done.get('target')} by {done.get('by')}")
 
 

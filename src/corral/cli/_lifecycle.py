@@ -6,7 +6,7 @@ import typer
 
 from corral.cli import _runs
 from corral.cli._calls import call, refusals
-from corral.cli._options import AgentArg, ByOpt, JsonOpt, KeyOpt, WhyOpt, target
+from corral.cli._options import AgentArg, ByOpt, JsonAnswerOpt, KeyOpt, WhyOpt, target
 from corral.cli._output import print_json, say
 
 
@@ -28,7 +28,7 @@ def stop(
     by: ByOpt = None,
     why: WhyOpt = None,
     key: KeyOpt = None,
-    as_json: JsonOpt = False,
+    as_json: JsonAnswerOpt = False,
 ) -> None:
     """End an agent and its descendants, children first (a turn in flight gets SIGTERM,
     then SIGKILL after the spec's stopGraceS); or with --run every agent of a run."""
@@ -40,7 +40,7 @@ def stop(
                 "stop", "agent", "an agent id or --run RUN, not both", agent_id
             )
     if run is not None:
-        _runs.stop_run(ctx, run, by, why, key)
+        _runs.stop_run(ctx, run, by, why, key, as_json=as_json)
         return
     assert agent_id is not None
     answer = call(
@@ -67,7 +67,7 @@ def restart(
     by: ByOpt = None,
     why: WhyOpt = None,
     key: KeyOpt = None,
-    as_json: JsonOpt = False,
+    as_json: JsonAnswerOpt = False,
 ) -> None:
     """Run a stopped or failed agent again: its spec, session and working directory; it
     re-sends its last prompt (its budget is not refilled: see `corral budget`)."""
@@ -88,7 +88,7 @@ def rm(
     by: ByOpt = None,
     why: WhyOpt = None,
     key: KeyOpt = None,
-    as_json: JsonOpt = False,
+    as_json: JsonAnswerOpt = False,
 ) -> None:
     """Delete an ended agent and its descendants: working directories, sessions and stored
     data go; their events stay in the log."""

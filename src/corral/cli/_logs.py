@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from corral.cli._calls import Target, call, refusals
-from corral.cli._options import AgentArg, target
-from corral.cli._output import say, visible, write_line
+from corral.cli._options import AgentArg, json_option, target
+from corral.cli._output import print_json, say, visible, write_line
 
 if TYPE_CHECKING:
     import httpx
@@ -40,7 +40,7 @@ def logs(
     turns: Annotated[
         int, typer.Option(min=1, max=20, help="Without --turn: the last N turns' logs.")
     ] = 1,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object a line.")] = False,
+    as_json: Annotated[bool, json_option("One JSON object a line.")] = False,
 ) -> None:
     """An agent's output and logs, turn by turn; with --follow, live as it prints."""
     conn = target(ctx)
@@ -90,9 +90,11 @@ def prompt_and_wait(
     by: str | None,
     why: str | None,
     key: str | None,
+    *,
+    as_json: bool = False,
 ) -> None:
-    """``corral prompt --wait``: prompt, wait for the turn to end, print its output (or error)
-    and exit with :data:`EXIT_CODES`."""
+    """``corral prompt --wait``: prompt, wait for the turn to end, print its output (or error;
+    with ``as_json`` its whole record) and exit with :data:`EXIT_CODES`."""
     conn = target(ctx)
 
     async def run(api: Any) -> dict[str, Any]:
@@ -111,7 +113,9 @@ def prompt_and_wait(
 
     record = call(conn, run)
     outcome = str(record.get("outcome"))
-    if outcome == "succeeded":
+    if as_json:
+        print_json(record)
+    elif outcome == "succeeded":
         for line in str(record.get("output") or "").splitlines():
             write_line(visible(line))  # each line escaped: the newlines stay newlines
     else:

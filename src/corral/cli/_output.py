@@ -87,6 +87,12 @@ def stderr() -> "Console":
     return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+def table(*headers: str, title: str | None = None, show_header: bool = True) -> "Grid":
+    """An empty table with these column headers; ``title`` is markup (pass what came from an
+    agent through ``cell``). Print it with :func:`print_fitted`."""
+    return Grid(headers, title, show_header)
+
+
 def print_table(
     title: str,
     rows: list[dict[str, Any]],
@@ -94,14 +100,135 @@ def print_table(
     *,
     headers: dict[str, str] | None = None,
 ) -> None:
-    """Rows as a rich table, one column per key (a ``state`` column is coloured)."""
-    from rich.table import Table
-
+    """Rows as a table that fits the terminal, one column per key (a ``state`` column is
+    coloured)."""
     names = headers or {}
-    table = Table(*(names.get(k, k) for k in keys), title=plain(title))
+    shown = table(*(names.get(k, k) for k in keys), title=plain(title))
     for row in rows:
-        table.add_row(*(state(row.get(k)) if k == "state" else cell(row.get(k)) for k in keys))
-    stdout().print(table)
+        # (text, style) pairs, not markup: nothing to escape, nothing to parse.
+        shown.add_row(*(_parts_of(row.get(k), k == "state") for k in keys))
+    print_fitted(shown)
+
+
+# Columns shown whole however narrow the terminal: identifiers, which are copied to the next
+# command, and any column whose cells are this short.
+WHOLE = frozenset({"id", "agent", "parent", "from", "decision", "run", "field", "target"})
+SHORT = 10
+MIN_WIDTH = 4  # a column cut to fit keeps at least this much ("nam…")
+
+
+class Grid:
+    """A table drawn as a rich ``Table`` is (its box, title and header styles) but one line a
+    row: a cell too long for its column is cut with an ellipsis, never wrapped. Drawn as
+    lines of text, it costs a fraction of a rich ``Table`` (which lays out every cell as a
+    paragraph): that was most of the time ``corral agents`` took to print 100 agents."""
+
+    def __init__(self, headers: tuple[str, ...], title: str | None, show_header: bool) -> None:
+        self.headers = headers
+        self.title = title
+        self.show_header = show_header
+        self.rows: list[list[tuple[str, str]]] = []
+
+    def add_row(self, *cells: Any) -> None:
+        """A row of cells: markup (from ``cell``, ``state``), rich ``Text``, or (text,
+        style) pairs."""
+        self.rows.append([c if isinstance(c, tuple) else _parts(c) for c in cells])
+
+    def widths(self, width: int) -> list[int]:
+        """Each column's width so that the table fits in ``width`` characters."""
+        from rich.cells import cell_len
+
+        natural = [cell_len(h) if self.show_header else 0 for h in self.headers]
+        for row in self.rows:
+            natural = [max(n, cell_len(text)) for n, (text, _) in zip(natural, row, strict=True)]
+        return fit(natural, self.headers, width)
+
+    def render(self, width: int) -> Any:
+        """The table as rich ``Text``, within ``width`` when it can be."""
+        from rich.text import Span, Text
+
+        sizes = self.widths(width)
+        bars = ["─" * (n + 2) for n in sizes]
+        heavy = ["━" * (n + 2) for n in sizes]
+        chunks: list[str] = []
+        spans: list[Span] = []
+        at = 0
+
+        def put(text: str, style: str = "") -> None:
+            nonlocal at
+            if style:
+                spans.append(Span(at, at + len(text), style))
+            chunks.append(text)
+            at += len(text)
+
+        def line(cells: list[tuple[str, str]], rule: str) -> None:
+            put(rule)
+            for (text, style), size in zip(cells, sizes, strict=True):
+                put(" ")
+                put(_sized(text, size), style)
+                put(f" {rule}")
+            put("\n")
+
+        if self.show_header:
+            put("┏" + "┳".join(heavy) + "┓\n")
+            line([(h, "table.header") for h in self.headers], "┃")
+            put("┡" + "╇".join(heavy) + "┩\n")
+        else:
+            put("┌" + "┬".join(bars) + "┐\n")
+        for row in self.rows:
+            line(row, "│")
+        put("└" + "┴".join(bars) + "┘")
+        body = Text("".join(chunks), spans=spans)
+        if not self.title:
+            return body
+        across = sum(sizes) + 3 * len(sizes) + 1
+        title = Text.from_markup(self.title, style="table.title")
+        title.truncate(across, overflow="ellipsis")
+        title.align("center", across)
+        return Text("\n").join([title, body])
+
+
+def _parts(value: Any) -> tuple[str, str]:
+    """A cell as (text, style): markup parsed; one style for the whole cell at most."""
+    from rich.text import Text
+
+    text = Text.from_markup(value) if isinstance(value, str) else value
+    whole = [s for s in text.spans if s.start == 0 and s.end >= len(text.plain)]
+    return text.plain, str(whole[0].style) if whole else str(text.style or "")
+
+
+def _sized(text: str, size: int) -> str:
+    """``text`` padded to ``size`` cells, or cut to them with an ellipsis."""
+    from rich.cells import cell_len, set_cell_size
+
+    length = cell_len(text)
+    if length <= size:
+        return text + " " * (size - length)
+    return set_cell_size(text, size - 1) + "…" if size > 0 else ""
+
+
+def print_fitted(shown: Grid) -> None:
+    """Print ``shown`` within the terminal's width, one line a row (``--json`` has every
+    value whole)."""
+    console = stdout()
+    console.print(shown.render(console.width), no_wrap=True, overflow="crop", crop=True)
+
+
+def fit(natural: list[int], headers: tuple[str, ...], width: int) -> list[int]:
+    """Column widths within ``width`` characters, from each column's ``natural`` width: the
+    columns of :data:`WHOLE` and the short ones keep theirs, the others share what is left
+    (the narrowest get all they need first, the wider ones the rest equally)."""
+    # Each column takes a space either side and a rule: 3 characters, and one for the edge.
+    left = width - 3 * len(natural) - 1
+    if sum(natural) <= left:
+        return natural
+    cut = [i for i, n in enumerate(natural) if n > SHORT and headers[i] not in WHOLE]
+    left -= sum(n for i, n in enumerate(natural) if i not in cut)
+    sizes = list(natural)
+    for done, i in enumerate(sorted(cut, key=natural.__getitem__)):
+        sizes[i] = min(natural[i], max(MIN_WIDTH, left // (len(cut) - done)))
+        left -= sizes[i]
+    return sizes
 
 
 def cell(value: Any) -> str:
@@ -119,6 +246,20 @@ def plain(text: str) -> str:
     from rich.markup import escape
 
     return escape(visible(text))
+
+
+def _shown(value: Any) -> str:
+    """``value`` as text to show: control characters escaped, dicts and lists as JSON."""
+    if value is None:
+        return ""
+    if isinstance(value, dict | list):
+        return visible(json.dumps(value, separators=(",", ":"), default=str))
+    return visible(str(value))
+
+
+def _parts_of(value: Any, coloured: bool) -> tuple[str, str]:
+    text = _shown(value)
+    return text, STATE_STYLES.get(text, "") if coloured else ""
 
 
 def state(value: Any) -> str:

@@ -7,7 +7,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from corral.cli._calls import call, refusals
-from corral.cli._options import AgentArg, ByOpt, JsonOpt, KeyOpt, target
+from corral.cli._options import AgentArg, ByOpt, JsonAnswerOpt, KeyOpt, target
 from corral.cli._output import cell, print_json, state, stdout
 
 PatchOpt = Annotated[
@@ -45,7 +45,7 @@ def patch(
     add_rule: RuleOpt = None,
     by: ByOpt = None,
     key: KeyOpt = None,
-    as_json: JsonOpt = False,
+    as_json: JsonAnswerOpt = False,
 ) -> None:
     """Change a live agent: its budget, notifyOn or guardrails (kubectl patch's merge patch)."""
     with refusals():

@@ -27,7 +27,8 @@ def run(
     if as_json:
         print_json(found)
         return
-    stdout().print(render(found))
+    # One line an agent, cut to the terminal's width (--json has it all).
+    stdout().print(render(found), no_wrap=True, overflow="ellipsis", crop=True)
 
 
 def render(found: dict[str, Any]) -> Any:
@@ -70,12 +71,21 @@ def _label(node: dict[str, Any]) -> str:
 
 
 def stop_run(
-    ctx: typer.Context, run_id: str, by: str | None, why: str | None, key: str | None
+    ctx: typer.Context,
+    run_id: str,
+    by: str | None,
+    why: str | None,
+    key: str | None,
+    *,
+    as_json: bool = False,
 ) -> None:
     """``corral stop --run ID``: every live agent of the run, children first."""
     answer = call(
         target(ctx), lambda api: api.stop_run(run_id, by=by, why=why, idempotency_key=key)
     )
+    if as_json:
+        print_json(answer)
+        return
     stopped = answer.get("stopped") or []
     say(f"run {answer.get('runId', run_id)}: stop accepted, {len(stopped)} agent(s) stopped")
     for agent_id in stopped:

@@ -9,12 +9,13 @@ from typing import Annotated
 import typer
 
 from corral.cli._calls import call
-from corral.cli._options import JsonOpt, target
+from corral.cli._options import JsonAnswerOpt, JsonOpt, target
 from corral.cli._output import print_json, print_table, say, visible, write_line
 
 app = typer.Typer(
-    help="Named operator tokens: make one per person, list them, revoke one.",
+    help="Named operator tokens: make one per person, list, revoke.",
     no_args_is_help=True,
+    add_completion=False,
 )
 
 NameArg = Annotated[
@@ -53,7 +54,10 @@ def list_(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 
 
 @app.command("revoke")
-def revoke(ctx: typer.Context, name: NameArg) -> None:
+def revoke(ctx: typer.Context, name: NameArg, as_json: JsonAnswerOpt = False) -> None:
     """Revoke the operator token NAME: from now on it opens nothing."""
     done = call(target(ctx), lambda api: api.revoke_token(name))
+    if as_json:
+        print_json(done)
+        return
     say(f"token {done['name']} revoked by {done.get('revokedBy') or 'in-process code'}")

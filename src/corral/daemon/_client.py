@@ -5,6 +5,7 @@ for its event stream, and the errors its answers stand for."""
 from __future__ import annotations
 
 import json
+import ssl
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -146,6 +147,16 @@ def _base_url(url: Any, where: str) -> str:
     return str(url).rstrip("/")
 
 
+def tls_for(url: str) -> ssl.SSLContext | bool:
+    """httpx's ``verify`` for a client of ``url``: the CA certificates (loading them costs a
+    command line tens of milliseconds) for an https:// URL only. An http:// client gets a
+    context that verifies like the default one but trusts no CA: it never speaks TLS (its
+    requests go to the base URL, redirects are not followed), and if it did it would refuse."""
+    if url.startswith("https://"):
+        return True
+    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+
+
 def _headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
@@ -189,6 +200,7 @@ class HttpApi:
             headers=_headers(token),
             transport=transport,
             timeout=timeout_s,
+            verify=tls_for(self.url),
         )
 
     async def aclose(self) -> None:
@@ -583,6 +595,7 @@ async def follow_events(
         headers={**_headers(token), "Accept": "text/event-stream"},
         transport=transport,
         timeout=httpx.Timeout(30.0, read=read_timeout_s),
+        verify=tls_for(base),
     ) as client:
         while True:
             headers = {"Last-Event-ID": str(last)} if last is not None else {}
