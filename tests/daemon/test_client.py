@@ -61,7 +61,7 @@ async def exercise(api: AgentApi, harness: ScriptedHarness, state: Callable[[str
     assert await api.inbox(agent_id) == []
 
     answer = await api.prompt(agent_id, "try again", by="ana", why="fixed", idempotency_key="p1")
-    assert answer == {"id": agent_id, "accepted": "prompt"}
+    assert answer == {"id": agent_id, "accepted": "prompt", "turn": 2}
     await settle(lambda: state(agent_id) == "idle")
     assert harness.prompts(agent_id) == ["go", "try again"]
     assert await api.decisions() == []

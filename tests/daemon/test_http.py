@@ -78,7 +78,7 @@ async def test_prompt_answers_202_and_runs_a_turn(front: FrontDoor) -> None:
     async with front.client() as client:
         response = await client.post(f"/agents/{agent_id}/prompt", json={"text": "hello"})
     assert response.status_code == 202
-    assert response.json() == {"id": agent_id, "accepted": "prompt"}
+    assert response.json() == {"id": agent_id, "accepted": "prompt", "turn": 1}
     await front.settled(agent_id, "idle")
     assert front.harness.prompts(agent_id) == ["hello"]
 

@@ -92,7 +92,7 @@ async def supervise(client: Client, state: Callable[[str], str], harness: Script
     prompted = await client.call_tool(
         "agent_prompt", {"agentId": child, "text": "again", "by": "ana", "why": "granted"}
     )
-    assert structured(prompted) == {"id": child, "accepted": "prompt"}
+    assert structured(prompted) == {"id": child, "accepted": "prompt", "turn": 2}
     await settle(lambda: state(child) == "idle")
     assert harness.prompts(child) == ["go", "again"]
     assert structured(await client.call_tool("decisions_list"))["decisions"] == []

@@ -98,10 +98,12 @@ def prompt_and_wait(
     conn = target(ctx)
 
     async def run(api: Any) -> dict[str, Any]:
-        before = await api.get(agent_id)
-        real_id = str(before["id"])
-        number = int(before.get("turns") or 0) + 1
-        await api.prompt(real_id, text, by=by, why=why, idempotency_key=key)
+        answer = await api.prompt(agent_id, text, by=by, why=why, idempotency_key=key)
+        real_id = str(answer["id"])
+        number = answer.get("turn")
+        if not isinstance(number, int):
+            # A replayed answer of a daemon from before answers carried the turn: its latest.
+            number = int((await api.get(real_id)).get("turns") or 1)
         path = f"/agents/{_seg(real_id)}/turns/{number}"
         while True:
             # The stream of that turn ends when it does (at once when it is over already).

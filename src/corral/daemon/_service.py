@@ -602,7 +602,7 @@ class AgentService:
                     text=text,
                 )
             )
-            result = CommandResult(202, {"id": agent_id, "accepted": "prompt"})
+            result = CommandResult(202, {"id": agent_id, "accepted": "prompt", "turn": turn})
             if answering is not None:
                 result = CommandResult(200, answering.body(agent_id))
             await self._commit(events, idempotency_key, command, result)

@@ -409,7 +409,7 @@ TOOLS: tuple[Tool, ...] = (
         "Prompt an agent",
         "Start a turn of an idle or blocked agent (a blocked agent's decision is resolved, "
         "recorded with by and why). Without text the last prompt is sent again. Returns "
-        '{"id", "accepted": "prompt"}; the turn runs in the background (see agent_status).',
+        '{"id", "accepted": "prompt", "turn"}; the turn runs in the background (see agent_status).',
         PromptArgs,
         _prompt,
         read_only=False,
