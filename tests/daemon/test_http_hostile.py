@@ -3,6 +3,10 @@ answer is a typed refusal (never a 500), nothing out of scope is seen or done.""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from tests.support.front_door import FrontDoor
 
 HUGE = str(10**30)
@@ -47,3 +51,26 @@ async def test_names_a_url_path_cannot_carry_are_refused(scoped_front: FrontDoor
                 "/agents", json={"name": name, "harness": "command", "command": ["w"]}
             )
             assert got.status_code == 201, (name, got.text)
+
+
+async def test_a_follow_of_an_agent_deleted_meanwhile_is_not_a_500(
+    scoped_front: FrontDoor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The follow reads the ended agent's backlog from the store; a DELETE lands meanwhile.
+    door = scoped_front
+    agent = await door.spawn(name="p", prompt="go")
+    await door.settled(agent, "idle")
+    await door.service.stop(agent)
+    book = door.service.turn_book
+    real = book.list
+
+    async def deleted_meanwhile(agent_id: str, **kwargs: Any) -> list[dict[str, Any]]:
+        found = await real(agent_id, **kwargs)
+        await door.service.delete(agent_id)
+        return found
+
+    monkeypatch.setattr(book, "list", deleted_meanwhile)
+    async with door.client() as api:
+        got = await api.get(f"/agents/{agent}/logs", params={"follow": "true"})
+    assert got.status_code < 500, got.text
+    assert book.fanout.followers == 0

@@ -97,7 +97,8 @@ async def logs(
                 book.fanout.unfollow(follower)
                 raise
             following = None
-        ended = service.store.state.agents[agent_id]["state"] in ENDED_STATES
+        rec = service.store.state.agents.get(agent_id)  # gone: deleted while reading
+        ended = rec is None or rec["state"] in ENDED_STATES
         if turn is not None and following is None:
             ended = True  # that turn is over: its log, then the end
         if tail is not None:
