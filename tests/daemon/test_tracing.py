@@ -117,3 +117,30 @@ async def test_a_failed_turn_and_a_refused_query_are_marked(
     assert query.context.trace_id == otel_trace_id(run_id)  # outside the turn, same run
     assert (query.attributes or {})["corral.gateway.outcome"] == "unknown_table"
     assert query.status.status_code is StatusCode.ERROR
+
+
+async def test_a_refused_query_s_span_holds_neither_its_statement_nor_its_values(
+    team: tuple[AgentService, Databases],
+    spans: InMemorySpanExporter,  # noqa: F811
+) -> None:
+    # The database's error message quotes the statement (here a column named like a secret):
+    # the span says the outcome's code, never the message.
+    service, databases = team
+    agent = (
+        await service.spawn(
+            {"name": "q", "harness": "openai", "openai": {"baseUrl": "http://x", "model": "m"}}
+        )
+    ).body["id"]
+    statement = "SELECT * FROM orders WHERE s3cr3t_token_abc = 1"
+    with pytest.raises(GatewayError, match="s3cr3t_token_abc"):
+        await databases.query("shop", agent, {"sql": statement})
+    (query,) = [s for s in spans.get_finished_spans() if s.name == "corral.gateway.query"]
+    assert query.status.status_code is StatusCode.ERROR
+    shown = repr(
+        (
+            dict(query.attributes or {}),
+            [(e.name, dict(e.attributes or {})) for e in query.events],
+            query.status.description,
+        )
+    )
+    assert "s3cr3t" not in shown, shown

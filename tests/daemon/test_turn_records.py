@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 
 from corral.daemon import AgentService, SQLiteStore
-from corral.daemon._turn_log import SUBSCRIBER_LINES, LogFanout, TurnLog, lines_of
+from corral.daemon._turn_log import (
+    MAX_LINE_BYTES,
+    SUBSCRIBER_CHARS,
+    SUBSCRIBER_LINES,
+    LogFanout,
+    TurnLog,
+    lines_of,
+)
 from corral.daemon._turn_records import clip_output
 from corral.daemon.harnesses import TurnFailedError, TurnRequest, TurnResult
 from corral.daemon.stores._turns import MemoryTurns, TurnStore
@@ -101,6 +108,21 @@ async def test_a_slow_follower_loses_lines_not_memory_and_is_told() -> None:
     assert len(got) == SUBSCRIBER_LINES + 1
     assert got[-1]["lagged"] == 500
     assert fanout.followers == 0
+
+
+async def test_a_slow_follower_of_long_lines_is_bounded_by_their_size_too() -> None:
+    # 1000 lines of 16 KiB each would be 16 MB held for each stalled reader.
+    fanout = LogFanout()
+    follower = fanout.follow("a_1")
+    line = "x" * (MAX_LINE_BYTES - 1) + "\n"
+    for _ in range(SUBSCRIBER_LINES):
+        fanout.publish("a_1", {"text": line})
+    held = sum(len(item["text"]) for item in follower.items)
+    assert held <= SUBSCRIBER_CHARS
+    fanout.end("a_1")
+    got = [item async for item in fanout.lines(follower)]
+    assert got[-1]["lagged"] == SUBSCRIBER_LINES - SUBSCRIBER_CHARS // len(line)
+    assert follower.size == 0
 
 
 async def test_a_follower_hears_of_its_lag_before_the_next_line() -> None:

@@ -5,7 +5,8 @@ The rules (docs/daemon.md, "Names"):
 
 - An id always wins: a reference that is an agent's id is that agent, whatever others are
   named. A new agent may not be named like an id (``a_`` and 8 hex digits), so a name never
-  shadows an agent made later either.
+  shadows an agent made later either. Nor may it be what a URL's path cannot carry (``/``,
+  ``.``, ``..``) or blank.
 - Names are unique among the live agents of a run: a spawn with the name of a live agent of
   its run is refused (``name_taken``, naming the holder).
 - A name resolves to the one agent holding it; when several hold it (in several runs, or
@@ -43,19 +44,27 @@ def looks_like_id(name: str) -> bool:
     return ID_SHAPE.fullmatch(name) is not None
 
 
+def unaddressable(name: str) -> str | None:
+    """Why ``name`` could not address its agent, or None: it looks like an id, or could not
+    stand in a URL's path (``/`` splits it, ``.`` and ``..`` are taken away by every client's
+    path normalisation: ``POST /agents/./stop`` reaches ``/agents/stop``), or is blank."""
+    if looks_like_id(name):
+        return f"must not look like an agent id (a_ and 8 hex digits), got {name!r}"
+    if "/" in name or name in (".", ".."):
+        return f"must not contain '/' nor be '.' or '..' (it goes in URL paths), got {name!r}"
+    if not name.strip():
+        return "must not be only blanks"
+    return None
+
+
 def check_spawn(agents: Mapping[str, AgentRecord], run_id: str, name: str) -> None:
     """Refuse a new agent of run ``run_id`` named ``name``: ``InvalidSpecError`` when the
-    name looks like an id, ``NameTakenError`` when a live agent of the run holds it."""
-    if looks_like_id(name):
-        raise InvalidSpecError(
-            [
-                {
-                    "field": "name",
-                    "message": f"must not look like an agent id (a_ and 8 hex digits), got "
-                    f"{name!r}: agents are addressed by id or name alike",
-                }
-            ]
-        )
+    name could not address it (:func:`unaddressable`), ``NameTakenError`` when a live agent
+    of the run holds it."""
+    problem = unaddressable(name)
+    if problem is not None:
+        message = f"{problem}: agents are addressed by id or name alike"
+        raise InvalidSpecError([{"field": "name", "message": message}])
     check_free(agents, run_id, name)
 
 

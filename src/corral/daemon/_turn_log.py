@@ -40,6 +40,10 @@ STREAMS = frozenset({"stdout", "stderr", "log", "model", "tool", "corral"})
 SUBSCRIBER_LINES = 1000
 """A follower that falls this many lines behind loses the next ones (it is told how many)."""
 
+SUBSCRIBER_CHARS = 1024 * 1024
+"""... or this many characters of text behind (a line may be :data:`MAX_LINE_BYTES` long:
+lines alone would let each stalled reader hold 16 MB)."""
+
 _ENTRY_BYTES = 64  # the cap allows one entry per this many bytes
 
 
@@ -170,24 +174,32 @@ def lines_of(entries: Iterable[Mapping[str, Any]], turn: int | None = None) -> l
 class _Follower:
     """One reader of an agent's live lines: a bounded queue that never blocks the writer."""
 
-    __slots__ = ("agent_id", "dropped", "ended", "items", "wake")
+    __slots__ = ("agent_id", "dropped", "ended", "items", "size", "wake")
 
     def __init__(self, agent_id: str) -> None:
         self.agent_id = agent_id
         self.items: deque[dict[str, Any]] = deque()
+        self.size = 0  # characters of text held in items
         self.dropped = 0
         self.ended = False
         self.wake = asyncio.Event()
 
     def put(self, item: dict[str, Any]) -> None:
-        if len(self.items) >= SUBSCRIBER_LINES:
+        size = len(str(item.get("text", "")))
+        if len(self.items) >= SUBSCRIBER_LINES or self.size + size > SUBSCRIBER_CHARS:
             self.dropped += 1
             return
         if self.dropped:
             self.items.append(_lagged(self.dropped))
             self.dropped = 0
         self.items.append(item)
+        self.size += size
         self.wake.set()
+
+    def take(self) -> dict[str, Any]:
+        item = self.items.popleft()
+        self.size -= len(str(item.get("text", "")))
+        return item
 
     def end(self) -> None:
         self.ended = True
@@ -203,9 +215,9 @@ class LogFanout:
     """Each agent's live lines to whoever follows them.
 
     :meth:`publish` never waits and never grows memory without bound: each follower holds at
-    most :data:`SUBSCRIBER_LINES` lines; past that it misses lines and is told how many when
-    it catches up. :meth:`end` ends an agent's followers (the agent ended); :meth:`close`
-    ends all of them.
+    most :data:`SUBSCRIBER_LINES` lines and :data:`SUBSCRIBER_CHARS` characters; past that it
+    misses lines and is told how many when it catches up. :meth:`end` ends an agent's
+    followers (the agent ended); :meth:`close` ends all of them.
     """
 
     def __init__(self) -> None:
@@ -247,7 +259,7 @@ class LogFanout:
         try:
             while True:
                 while follower.items:
-                    yield follower.items.popleft()
+                    yield follower.take()
                 if follower.dropped:
                     yield _lagged(follower.dropped)
                     follower.dropped = 0

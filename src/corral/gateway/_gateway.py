@@ -397,7 +397,8 @@ class Gateway:
             "corral.agent.id": agent_id if isinstance(agent_id, str) else None,
             "db.system.name": system,
         }
-        with _tracing.span("corral.gateway.query", attributes, kind="client") as span:
+        # Quiet: an error's message may quote the statement.
+        with _tracing.span("corral.gateway.query", attributes, kind="client", quiet=True) as span:
             try:
                 result = await self._query(agent_id, request)
             except GatewayError as exc:

@@ -150,10 +150,13 @@ def span(
     *,
     trace_id: str | None = None,
     kind: str = "internal",
+    quiet: bool = False,
 ) -> Iterator[Span]:
     """A span named ``name``, current within the block, in the trace of ``trace_id`` (see
     :func:`run_context`; None: under the current span, if any). An exception that leaves the
-    block is recorded on the span and marks it failed, then goes on. ``kind``: ``internal``,
+    block is recorded on the span and marks it failed, then goes on; with ``quiet`` only its
+    type is said (its message and traceback may quote what the span must not hold: a
+    statement, a tool's arguments, a prompt). ``kind``: ``internal``,
     ``client`` (a call to another service: a model, a database) or ``server``. Without
     OpenTelemetry (or without a tracer provider set, see :func:`enabled`) the block runs
     with a :class:`Span` that does nothing."""
@@ -168,6 +171,17 @@ def span(
     given = {k: val for k, val in (attributes or {}).items() if val is not None}
     with (
         run_context(trace_id),
-        _get_tracer().start_as_current_span(name, kind=span_kind, attributes=given) as started,
+        _get_tracer().start_as_current_span(
+            name,
+            kind=span_kind,
+            attributes=given,
+            record_exception=not quiet,
+            set_status_on_exception=not quiet,
+        ) as started,
     ):
-        yield Span(started)
+        try:
+            yield Span(started)
+        except BaseException as exc:
+            if quiet:
+                Span(started).error(type(exc).__name__)
+            raise

@@ -10,7 +10,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-from fastapi import Query, Request
+from fastapi import Path, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
@@ -24,6 +24,9 @@ from corral.daemon._turn_log import lines_of
 MAX_TURNS_PAGE = 200
 MAX_LOG_TURNS = 20
 MAX_TAIL = 100_000
+MAX_TURN = 2**31 - 1
+"""The highest turn number a route takes (the stores keep it as a 32-bit integer): a bigger
+one is refused as bad input rather than failing in the store."""
 
 Json = dict[str, Any]
 
@@ -38,7 +41,9 @@ def _agent(request: Request, agent_id: str) -> tuple[ScopedService, AgentService
 async def list_turns(
     agent_id: str,
     request: Request,
-    before: Annotated[int | None, Query(ge=1, description="Only turns numbered below")] = None,
+    before: Annotated[
+        int | None, Query(ge=1, le=MAX_TURN, description="Only turns numbered below")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_TURNS_PAGE, description="Turns per page")] = 50,
 ) -> JSONResponse:
     _, service, agent_id = _agent(request, agent_id)
@@ -47,7 +52,11 @@ async def list_turns(
     return JSONResponse({"agentId": agent_id, "turns": turns, "nextBefore": after})
 
 
-async def get_turn(agent_id: str, n: int, request: Request) -> JSONResponse:
+async def get_turn(
+    agent_id: str,
+    n: Annotated[int, Path(ge=1, le=MAX_TURN, description="The turn's number")],
+    request: Request,
+) -> JSONResponse:
     _, service, agent_id = _agent(request, agent_id)
     found = await service.turn_book.get(agent_id, n)
     if found is None:
@@ -58,7 +67,9 @@ async def get_turn(agent_id: str, n: int, request: Request) -> JSONResponse:
 async def logs(
     agent_id: str,
     request: Request,
-    turn: Annotated[int | None, Query(ge=1, description="Only this turn's log")] = None,
+    turn: Annotated[
+        int | None, Query(ge=1, le=MAX_TURN, description="Only this turn's log")
+    ] = None,
     turns: Annotated[
         int, Query(ge=1, le=MAX_LOG_TURNS, description="Without turn: the last N turns' logs")
     ] = 1,
@@ -86,7 +97,8 @@ async def logs(
                 book.fanout.unfollow(follower)
                 raise
             following = None
-        ended = service.store.state.agents[agent_id]["state"] in ENDED_STATES
+        rec = service.store.state.agents.get(agent_id)  # gone: deleted while reading
+        ended = rec is None or rec["state"] in ENDED_STATES
         if turn is not None and following is None:
             ended = True  # that turn is over: its log, then the end
         if tail is not None:

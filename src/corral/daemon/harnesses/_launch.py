@@ -43,6 +43,7 @@ own): the daemon kills both, the group first.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import sys
@@ -322,8 +323,15 @@ class _Log:
         self.dropped = 0
         self.fd: int | None = None
         if path and limit > 0:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC
-            self.fd = os.open(path, flags, 0o600)
+            # Made anew, never opened as found (a FIFO there would block, a link's target
+            # would be emptied); one that cannot be made is no log.
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW
+            try:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                self.fd = os.open(path, flags | os.O_CLOEXEC, 0o600)
+            except OSError:
+                self.fd = None
 
     def write(self, kind: bytes, data: bytes) -> None:
         if self.fd is None:

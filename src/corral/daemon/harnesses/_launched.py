@@ -30,7 +30,7 @@ from corral.daemon.harnesses._launch import (
     launcher_args,
     start_time,
 )
-from corral.daemon.harnesses._log_tail import LogTail, following
+from corral.daemon.harnesses._log_tail import LogTail, following, read_bound
 from corral.daemon.harnesses._process import (
     Finished,
     Limits,
@@ -162,7 +162,7 @@ async def run_launched(
         raise not_started(launcher[:1], cwd, exc) from None
     launcher_pid = transport.get_pid()
     timed_out = False
-    tail = None if log is None else LogTail(files.path("log"), log)
+    tail = _log_tail(files, limits, log)
     try:
         async with following(tail, LOG_POLL_S):
             timed_out = not await timer.wait(watch.exited)
@@ -221,7 +221,7 @@ async def adopt_launched(
             turn=files.turn,
         )
     timed_out = False
-    tail = None if log is None else LogTail(files.path("log"), log)
+    tail = _log_tail(files, limits, log)
     if launcher is not None:
         poller = asyncio.ensure_future(
             _until(lambda: status.exists() or not alive(*launcher), poll_s)
@@ -364,6 +364,14 @@ def _launcher_of(record: dict[str, Any] | None) -> tuple[int, int] | None:
     if type(pid) is not int or type(started) is not int or pid <= 1:
         return None
     return pid, started
+
+
+def _log_tail(files: TurnFiles, limits: Limits, log: TurnOutput | None) -> LogTail | None:
+    """The tail of the turn's log file, reading no more than the launcher's cap allows for:
+    the command can append to the file itself."""
+    if log is None:
+        return None
+    return LogTail(files.path("log"), log, max_bytes=read_bound(limits.log_bytes))
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

@@ -10,6 +10,13 @@ A ``python`` turn's worker writes the same frames (see ``_python_log``), with mo
 and a closing ``d<count>\\n`` frame (no body) counting what it dropped; its tail is given
 those streams, ``counts=True`` and ``max_bytes``: the agent's own code could write to that
 file, so no more than ``max_bytes`` of it is read, the rest counted as dropped.
+
+The agent's code runs as the daemon's user and can replace the file: the daemon opens it
+without following a symbolic link and without blocking, and reads it only when it is a
+regular file (a FIFO put there would block the event loop, a link would read another file).
+A ``command`` turn's tail is bounded as well (:func:`read_bound`): its command can append to
+the file, and a forged frame header claiming gigabytes must not be buffered while waiting for
+its end.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import stat
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
@@ -26,6 +35,14 @@ _STREAMS = {ord("o"): "stdout", ord("e"): "stderr"}
 _DROPPED = ord("d")
 _READ = 1 << 20  # at most this much per look: a big backlog is read over a few looks
 _HEADER = 24  # a frame header is a letter, at most 20 digits and a newline
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def read_bound(log_bytes: int) -> int:
+    """How much of a turn's log file is read when its writer keeps ``log_bytes`` of text:
+    frames cost a few bytes each (at worst a header per byte of text), so a writer keeping
+    to its cap never reaches this."""
+    return 5 * log_bytes + (1 << 16)
 
 
 class LogTail:
@@ -54,7 +71,14 @@ class LogTail:
         if self.broken:
             return
         try:
-            with open(self.path, "rb") as f:
+            fd = os.open(self.path, _OPEN_FLAGS)
+        except OSError:
+            return  # not there yet (or a link: ELOOP, read as nothing)
+        try:
+            with open(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    self.broken = True  # a FIFO, a device: not the file the writer makes
+                    return
                 f.seek(self.offset)
                 while True:
                     want = _READ

@@ -22,7 +22,7 @@ from corral.daemon._records import SessionMessage
 from corral.daemon.harnesses import _liveness, _python_log
 from corral.daemon.harnesses._base import TurnFailedError, TurnRequest, TurnResult
 from corral.daemon.harnesses._call_log import CallLog
-from corral.daemon.harnesses._log_tail import LogTail, following
+from corral.daemon.harnesses._log_tail import LogTail, following, read_bound
 from corral.daemon.harnesses._timer import TurnTimer
 from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError
 from corral.kernel import _validate as v
@@ -242,13 +242,16 @@ class PythonHarness:
         path = _python_log.log_path(request.state_dir, request.turn)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600))
+            # Made anew, never opened as found: the agent's code may have put a FIFO there
+            # (opening it would block the daemon) or a link (whose target would be emptied).
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            os.close(os.open(path, flags, 0o600))
         except OSError as exc:
             logger.warning("python harness: no log for turn %d: %s", request.turn, exc)
             return None, None
-        # Frames cost a few bytes each (at worst a header per byte of text): a bound on what
-        # is read that a worker keeping to its cap never reaches.
-        limit = 5 * self.log_bytes + (1 << 16)
+        limit = read_bound(self.log_bytes)
         tail = LogTail(path, request.log, streams=_python_log.STREAMS, counts=True, max_bytes=limit)
         return path, tail
 

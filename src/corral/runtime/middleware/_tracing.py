@@ -14,9 +14,10 @@ class Tracing:
     around a CHAT model call (with the tokens it used and its cost), ``execute_tool <tool>``
     around a TOOL call. Names and attributes follow OpenTelemetry's generative-AI conventions
     (``gen_ai.*``) where they have one, ``corral.*`` otherwise; neither messages, arguments
-    nor outputs are recorded (they may hold anything an agent read).
+    nor outputs are recorded (they may hold anything an agent read), nor the message of an
+    exception that fails a span (it may quote them): only its type.
 
-    A call that raises marks its span failed (the exception is recorded) and goes on raising.
+    A call that raises marks its span failed (with the exception's type) and goes on raising.
     Put it first among the middlewares, so its span covers the others' work (retries, the
     guard's check). Without OpenTelemetry installed it only calls ``call_next``.
     """
@@ -37,7 +38,9 @@ class Tracing:
             attributes = {**common, "gen_ai.operation.name": "chat"}
             if isinstance(model, str):
                 attributes["gen_ai.request.model"] = model
-            with _tracing.span(name, attributes, trace_id=meta.trace_id, kind="client") as span:
+            with _tracing.span(
+                name, attributes, trace_id=meta.trace_id, kind="client", quiet=True
+            ) as span:
                 await call_next()
                 result = ctx.result
                 if isinstance(result, ChatResult):
@@ -58,12 +61,14 @@ class Tracing:
                 "gen_ai.tool.name": ctx.tool_name,
                 "gen_ai.tool.call.id": ctx.tool_call_id,
             }
-            with _tracing.span(f"execute_tool {tool}", attributes, trace_id=meta.trace_id):
+            with _tracing.span(
+                f"execute_tool {tool}", attributes, trace_id=meta.trace_id, quiet=True
+            ):
                 await call_next()
         else:
             attributes = {**common, "gen_ai.operation.name": "invoke_agent"}
             name = f"invoke_agent {ctx.agent_id}"
-            with _tracing.span(name, attributes, trace_id=meta.trace_id):
+            with _tracing.span(name, attributes, trace_id=meta.trace_id, quiet=True):
                 await call_next()
 
     def __repr__(self) -> str:
