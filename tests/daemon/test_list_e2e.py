@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,48 @@ def test_a_loud_agent_leaves_the_list_small(tmp_path: Path) -> None:
             check=True,
         )
         assert [a["id"] for a in json.loads(cli.stdout)] == [loud, *quiet]
+
+
+@pytest.mark.timeout(90)
+def test_paging_neither_repeats_nor_skips_while_another_client_spawns(tmp_path: Path) -> None:
+    # Two clients of one real daemon: one spawns without pause, the other pages with a small
+    # limit at the same time. Every agent there before the paging began is seen exactly once,
+    # oldest first, and no agent is seen twice (cursor paging on (createdAt, id)).
+    spec = {"harness": "command", "command": ["true"]}
+    with ServeProcess(tmp_path) as daemon, daemon.client() as api, daemon.client() as other:
+        before = [
+            api.post("/agents", json={**spec, "name": f"b{i}"}).json()["id"] for i in range(30)
+        ]
+        stop = threading.Event()
+        spawned: list[str] = []
+
+        def spawner() -> None:
+            i = 0
+            while not stop.is_set() and i < 300:
+                answer = other.post("/agents", json={**spec, "name": f"c{i}"})
+                assert answer.status_code == 201, answer.text
+                spawned.append(answer.json()["id"])
+                i += 1
+
+        thread = threading.Thread(target=spawner)
+        thread.start()
+        try:
+            wait_for(lambda: len(spawned) >= 3, "the spawner's first agents")
+            seen: list[str] = []
+            cursor: str | None = None
+            while True:
+                params: dict[str, str | int] = {"limit": 3}
+                if cursor is not None:
+                    params["cursor"] = cursor
+                page = api.get("/agents", params=params).json()
+                seen += [a["id"] for a in page["agents"]]
+                cursor = page["nextCursor"]
+                if cursor is None or len(seen) > 400:
+                    break
+        finally:
+            stop.set()
+            thread.join(timeout=30)
+        assert len(seen) == len(set(seen)), "an agent was listed twice"
+        assert seen[: len(before)] == before
+        assert spawned, "the spawner made no agent while the list was paged"
+        assert set(spawned[:3]) <= set(seen)  # made before the paging began
