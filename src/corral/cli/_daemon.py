@@ -107,6 +107,7 @@ def serve(
     ] = None,
 ) -> None:
     """Run the daemon until interrupted."""
+    from corral.console import Console
     from corral.daemon._server import ServeConfig, log_to_stderr
     from corral.daemon._server import serve as run_server
     from corral.daemon._targets import parse_db_option, parse_db_setting, target_options
@@ -132,7 +133,7 @@ def serve(
     with refusals(), suppress(KeyboardInterrupt):
         server_config = ServeConfig(**config)
         log_to_stderr(log_format=log_format)
-        asyncio.run(run_server(server_config))
+        asyncio.run(run_server(server_config, front=Console))
 
 
 def mcp(ctx: typer.Context) -> None:

@@ -19,7 +19,9 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
+from fastapi import FastAPI
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from corral.daemon._agent_tools import CorralTools
 from corral.daemon._api import LocalApi
@@ -184,6 +186,7 @@ async def serve(
     harnesses: Mapping[str, Harness] | None = None,
     ready: Callable[[str], Any] | None = None,
     clock: Clock = SYSTEM_CLOCK,
+    front: Callable[[FastAPI], ASGIApp] | None = None,
 ) -> None:
     """Run the daemon until cancelled or sent SIGTERM/SIGINT.
 
@@ -196,6 +199,9 @@ async def serve(
     ``CORRAL_URL``; a wildcard host gives the loopback URL). On SIGTERM/SIGINT it returns
     after a clean shutdown; on cancellation it shuts down the same way and re-raises.
     ``harnesses`` defaults to the ``command``, ``python`` and ``openai`` harnesses.
+    ``front`` wraps the HTTP API's app in another ASGI app that is served instead (the
+    console, ``corral.console.Console``, which the daemon does not import: ``corral serve``
+    composes them); it sees the app's ``state`` (``api``, ``callers``).
     """
     where = "serve"
     v.instance_of(where, "config", config, ServeConfig)
@@ -203,6 +209,8 @@ async def serve(
         v.instance_of(where, "harnesses", harnesses, Mapping)
     if ready is not None:
         v.callable_(where, "ready", ready)
+    if front is not None:
+        v.callable_(where, "front", front)
     rules: tuple[Rule, ...] = ()
     if config.guardrails is not None:
         rules = load_rules_file(config.guardrails)
@@ -253,7 +261,7 @@ async def serve(
                     metrics.watch(databases)
                 try:
                     served = _Served(sock, listen_url, local_url, token, token_file)
-                    await _run(config, service, databases, served, ready, metrics)
+                    await _run(config, service, databases, served, ready, metrics, front)
                 finally:
                     if databases is not None:
                         await databases.close()
@@ -288,6 +296,7 @@ async def _run(
     served: _Served,
     ready: Callable[[str], Any] | None,
     metrics: Metrics,
+    front: Callable[[FastAPI], ASGIApp] | None = None,
 ) -> None:
     app = create_app(
         service,
@@ -308,7 +317,8 @@ async def _run(
     app.router.routes.append(Route("/mcp", endpoint=mcp.app))
     try:
         async with mcp.lifespan():
-            await _serve_app(app, config, service, served, ready)
+            served_app = app if front is None else front(app)
+            await _serve_app(served_app, config, service, served, ready)
     except BaseExceptionGroup as group:
         # The MCP session manager runs a task group, which wraps whatever leaves its body;
         # callers of serve() get the error itself (or the cancellation), as documented.

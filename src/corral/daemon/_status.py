@@ -22,6 +22,10 @@ STATUS: dict[str, int] = {
     "token_required": 400,
     "token_file_unsafe": 400,
     "unauthorized": 401,
+    "login_refused": 401,  # the console's (corral.console._errors)
+    "session_required": 401,
+    "csrf_refused": 403,
+    "form_invalid": 400,
     "forbidden_origin": 403,
     "out_of_scope": 403,
     "agent_not_found": 404,

@@ -3,7 +3,6 @@ browser origin, body limit), every error in one shape, and the OpenAPI document.
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 from typing import Any
@@ -20,15 +19,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import corral
 from corral.daemon._api import ScopedService
-from corral.daemon._auth import (
-    CALLER_SCOPE_KEY,
-    OPERATOR,
-    PREFIX,
-    Caller,
-    agent_of_token,
-    is_loopback_host,
-    sendable,
-)
+from corral.daemon._auth import CALLER_SCOPE_KEY, is_loopback_host, sendable
+from corral.daemon._callers import Callers
 from corral.daemon._databases import Databases
 from corral.daemon._errors import InvalidRequestError, UnauthorizedError
 from corral.daemon._http import (
@@ -122,9 +114,9 @@ def create_app(
         description="Agents under supervision: spawn, prompt, stop, watch events, decide.",
     )
     app.openapi = lambda: _openapi(app, token is not None, public)  # type: ignore[method-assign]
-    named = TokenIndex(lambda: service.store.state)
+    callers = None if token is None else Callers(token, TokenIndex(lambda: service.store.state))
     app.add_middleware(
-        _Gate, token=token, named=named, max_body_bytes=max_body_bytes, public=public
+        _Gate, token=token, callers=callers, max_body_bytes=max_body_bytes, public=public
     )
     app.add_exception_handler(CorralError, _corral_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
@@ -134,6 +126,7 @@ def create_app(
     app.state.api = ScopedService(service, databases)
     app.state.metrics = metrics or Metrics.of(service, databases)
     app.state.heartbeat_s = heartbeat_s
+    app.state.callers = callers  # for other front doors of this daemon (the console's login)
     for route in ROUTES:
         route.add_to(app)
     return app
@@ -186,14 +179,14 @@ class _Gate:
         app: ASGIApp,
         *,
         token: str | None,
-        named: TokenIndex,
+        callers: Callers | None,
         max_body_bytes: int,
         public: set[str],
     ) -> None:
         self.app = app
         self.secret = token
         self.token = None if token is None else token.encode()
-        self.named = named
+        self.callers = callers
         self.max_body_bytes = max_body_bytes
         self.public = {"/healthz", *public}  # GET and HEAD without a token
 
@@ -244,7 +237,8 @@ class _Gate:
         scope.pop(CALLER_SCOPE_KEY, None)  # only this gate says who is calling
         if self.secret is not None and not public:
             scheme, _, given = headers.get("authorization", "").partition(" ")
-            caller = self._caller(given.strip()) if scheme.lower() == "bearer" else None
+            assert self.callers is not None
+            caller = self.callers.of(given.strip()) if scheme.lower() == "bearer" else None
             if caller is None:
                 return UnauthorizedError()
             scope[CALLER_SCOPE_KEY] = caller  # read by the routes' api_of and by MCP
@@ -260,20 +254,6 @@ class _Gate:
             if int(declared) > self.max_body_bytes:
                 return BodyTooLargeError(self.max_body_bytes, int(declared), declared=True)
         return None
-
-    def _caller(self, presented: str) -> Caller | None:
-        """Who ``presented`` is the token of, or None: the daemon's own (compared in constant
-        time), an agent's (an HMAC, checked in constant time), or a named operator token
-        (looked up by its digest)."""
-        assert self.secret is not None
-        assert self.token is not None
-        if hmac.compare_digest(presented.encode("utf-8", "surrogatepass"), self.token):
-            return Caller(OPERATOR)
-        if presented.startswith(PREFIX):
-            agent = agent_of_token(self.secret, presented)
-            return None if agent is None else Caller(agent, agent)
-        name = self.named.name_of(presented)
-        return None if name is None else Caller(name)
 
     def _origin_allowed(self, origin: str, host: str | None) -> bool:
         # Browsers send Origin on cross-site requests; a page elsewhere (or a DNS name rebound
