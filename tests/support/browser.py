@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, ViewportSize, sync_playwright
+from playwright.sync_api import Browser, Page, ViewportSize, expect, sync_playwright
 
 __all__ = [
     "STEP_TIMEOUT_MS",
@@ -39,6 +39,8 @@ DEFAULT_CHROMIUM = "/usr/bin/chromium"
 VIEWPORT: ViewportSize = {"width": 1280, "height": 800}
 STEP_TIMEOUT_MS = 10_000  # any one step in the page (a click, an expectation); a bound only
 LAUNCH_TIMEOUT_MS = 60_000  # starting Chromium on a loaded machine; a bound only
+
+expect.set_options(timeout=STEP_TIMEOUT_MS)  # expectations too, not only actions
 
 
 def chromium_path() -> str | None:

@@ -1,0 +1,320 @@
+"""The console in a real browser: headless Chromium against a real ``corral serve`` with a
+shop database, a person's named token and agents that ask, fail and get frozen.
+
+A person logs in with their token; a held agent and an approval appear on the page they
+already have open (no reload); they approve with a reason, the agent goes on and the
+decision moves to the history under their name; they reinstate an agent the gateway froze;
+an agent's token cannot log in; a forged cross-site POST changes nothing. Each page is
+saved as a screenshot on the way (tests/support/console.py says where).
+
+One daemon serves the whole module (it takes seconds to start); each test makes agents of
+its own, so the tests hold in any order. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import html
+import shlex
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.support.console import login, other_origin, screenshot_dir, shoot, wait_live
+from tests.support.serve_process import CLI, ServeProcess, until_state, wait_for
+
+# A daemon and a browser start in the first test of the module: seconds each.
+pytestmark = pytest.mark.timeout(90)
+
+PERSON = "alice"
+CHECK = shlex.join([*CLI, "check"])
+# A shell worker that asks before it acts (`corral check` waits for the person's answer).
+ASKING_WORKER = f'{CHECK} "$ACTION" || exit 3; echo "done: $ACTION"'
+ASK_DEPLOY = {"match": "deploy", "verdict": "ask", "reason": "deploys need a person"}
+
+
+@dataclass
+class Site:
+    """The daemon, a client with its own token, and the person's named token."""
+
+    daemon: ServeProcess
+    api: httpx.Client
+    person_token: str
+    shots: Path
+
+    @property
+    def url(self) -> str:
+        return self.daemon.url
+
+    def spawn(self, **spec: Any) -> str:
+        spec.setdefault("harness", "command")
+        answer = self.api.post("/agents", json=spec)
+        assert answer.status_code == 201, answer.text
+        return str(answer.json()["id"])
+
+    def asking_worker(self, name: str, action: str) -> str:
+        return self.spawn(
+            name=name,
+            command=["sh", "-c", ASKING_WORKER],
+            env={"ACTION": action},
+            prompt="go",
+            guardrails=[ASK_DEPLOY],
+        )
+
+    def open_decision(self, agent_id: str) -> dict[str, Any]:
+        """The decision ``agent_id`` waits on, once it has one."""
+
+        def found() -> dict[str, Any] | None:
+            answer = self.api.get("/decisions")
+            assert answer.status_code == 200, answer.text
+            mine = [d for d in answer.json()["decisions"] if d["agentId"] == agent_id]
+            return mine[0] if mine else None
+
+        decision: dict[str, Any] = wait_for(found, f"a decision of {agent_id}")
+        return decision
+
+    def decision(self, decision_id: str) -> dict[str, Any]:
+        answer = self.api.get(f"/decisions/{decision_id}")
+        assert answer.status_code == 200, answer.text
+        found: dict[str, Any] = answer.json()
+        return found
+
+
+def make_shop(path: Path) -> Path:
+    conn = sqlite3.connect(path)
+    try:
+        conn.executescript(
+            """
+            CREATE TABLE orders (id INTEGER PRIMARY KEY, status TEXT NOT NULL,
+                                 total NUMERIC NOT NULL);
+            INSERT INTO orders VALUES (1, 'open', 25), (2, 'paid', 40), (3, 'shipped', 12);
+            """
+        )
+        conn.commit()
+    finally:
+        conn.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    where = tmp_path_factory.mktemp("console")
+    shop = make_shop(where / "shop.db")
+    with ServeProcess(where, "--db", f"shop=sqlite:///{shop}") as daemon, daemon.client() as api:
+        made = api.post("/tokens", json={"name": PERSON})
+        assert made.status_code == 201, made.text
+        yield Site(daemon, api, made.json()["token"], screenshot_dir(where / "screenshots"))
+
+
+@pytest.fixture
+def person(site: Site, page: Page) -> Page:
+    """The page of the person, logged in with their own token, on "Waiting on you"."""
+    login(page, site.url, site.person_token)
+    expect(page.get_by_test_id("whoami")).to_have_text(PERSON)
+    return page
+
+
+# --- what waits on you, live -------------------------------------------------------------------
+
+
+def test_a_held_agent_and_an_approval_appear_live_and_the_answer_goes_to_history(
+    site: Site, person: Page
+) -> None:
+    page = person
+    wait_live(page)
+    page.evaluate("window.loadedOnce = true")  # gone if the page were loaded again
+
+    held = site.spawn(
+        name="deployer",
+        command=["sh", "-c", "echo 'migration 42 failed: lock timeout' >&2; exit 1"],
+        prompt="migrate",
+        onFailure="ask",
+    )
+    worker = site.asking_worker("releaser", "deploy web to prod")
+    hold = site.open_decision(held)
+    approval = site.open_decision(worker)
+    assert (hold["kind"], approval["kind"]) == ("blocked", "approval")
+
+    card = page.get_by_test_id(f"decision-{approval['id']}")
+    expect(card).to_be_visible()
+    expect(card).to_have_attribute("data-kind", "approval")
+    expect(page.get_by_test_id(f"decision-{approval['id']}-action")).to_have_text(
+        "deploy web to prod"
+    )
+    held_card = page.get_by_test_id(f"decision-{hold['id']}")
+    expect(held_card).to_be_visible()
+    expect(held_card).to_contain_text("migration 42 failed: lock timeout")
+    assert page.evaluate("window.loadedOnce") is True  # it came live, not by a reload
+    shoot(page, site.shots, "waiting")
+
+    page.get_by_test_id(f"decision-{approval['id']}-why").fill("change ticket 1234 checked")
+    page.get_by_test_id(f"decision-{approval['id']}-answer-approve").click()
+
+    row = page.get_by_test_id(f"history-{approval['id']}")
+    expect(row).to_be_visible()
+    expect(page.get_by_test_id(f"history-{approval['id']}-answer")).to_have_text("approve")
+    expect(page.get_by_test_id(f"history-{approval['id']}-by")).to_have_text(PERSON)
+    expect(page.get_by_test_id(f"history-{approval['id']}-why")).to_have_text(
+        "change ticket 1234 checked"
+    )
+    expect(card).to_have_count(0)
+    expect(held_card).to_be_visible()  # the other decision still waits
+
+    done = until_state(site.api, worker, "idle", "failed")
+    assert done["state"] == "idle", done["lastError"]
+    assert done["lastOutput"] == "done: deploy web to prod\n"
+    answered = site.decision(approval["id"])
+    assert (answered["answer"], answered["by"], answered["why"]) == (
+        "approve",
+        PERSON,
+        "change ticket 1234 checked",
+    )
+
+    page.goto(f"{site.url}/console/agents/{worker}")
+    expect(page.get_by_test_id("agent-state")).to_have_text("idle")
+    expect(page.get_by_test_id("turn-1")).to_contain_text("succeeded")
+    shoot(page, site.shots, "agent")
+
+
+# --- databases ---------------------------------------------------------------------------------
+
+
+def test_a_person_reinstates_an_agent_the_gateway_froze(site: Site, person: Page) -> None:
+    page = person
+    auditor = site.spawn(name="auditor", command=["true"])  # no prompt: idle
+    with site.daemon.client(site.daemon.agent_token(auditor)) as own:
+
+        def frozen() -> bool:
+            answer = own.post(
+                "/gateway/query", json={"target": "shop", "sql": "SELECT colour FROM orders"}
+            )
+            assert answer.status_code in (400, 423), answer.text
+            return answer.status_code == 423
+
+        wait_for(frozen, "the gateway to freeze the auditor")
+    freeze = site.open_decision(auditor)
+    assert freeze["kind"] == "gateway_frozen"
+
+    page.get_by_test_id("nav-databases").click()
+    expect(page.get_by_test_id("page-databases")).to_be_visible()
+    expect(page.get_by_test_id("db-target-shop")).to_be_visible()
+    evidence = page.get_by_test_id(f"frozen-{auditor}-evidence")
+    expect(evidence).to_contain_text("unknown_column")
+    shoot(page, site.shots, "databases")
+
+    page.get_by_test_id(f"reinstate-{auditor}-why").fill("it asked for a column we dropped")
+    page.get_by_test_id(f"reinstate-{auditor}").click()
+    expect(page.get_by_test_id(f"frozen-{auditor}")).to_have_count(0)
+
+    status = site.api.get(f"/gateway/shop/agents/{auditor}")
+    assert status.status_code == 200, status.text
+    assert status.json()["frozen"] is False
+    answered = site.decision(freeze["id"])
+    assert (answered["answer"], answered["by"], answered["why"]) == (
+        "reinstate",
+        PERSON,
+        "it asked for a column we dropped",
+    )
+    page.goto(f"{site.url}/")
+    expect(page.get_by_test_id(f"history-{freeze['id']}-by")).to_have_text(PERSON)
+
+
+# --- who may log in ----------------------------------------------------------------------------
+
+
+def test_an_agents_token_cannot_log_in(site: Site, page: Page) -> None:
+    agent = site.spawn(name="helper", command=["true"])
+    page.goto(f"{site.url}/")
+    expect(page.get_by_test_id("page-login")).to_be_visible()  # sent to log in first
+    shoot(page, site.shots, "login")
+
+    page.get_by_test_id("login-token").fill(site.daemon.agent_token(agent))
+    with page.expect_response(lambda r: r.url.endswith("/console/login")) as posted:
+        page.get_by_test_id("login-submit").click()
+    assert posted.value.status == 401
+    refusal = page.get_by_test_id("login-refusal")
+    expect(refusal).to_have_attribute("data-code", "login_refused")
+    expect(refusal).to_contain_text("an agent's token cannot open the console")
+    assert not [c for c in page.context.cookies() if c["name"].startswith("corral_console")]
+
+    page.goto(f"{site.url}/console/agents")
+    expect(page.get_by_test_id("page-login")).to_be_visible()
+
+
+def test_the_agents_and_events_pages_show_the_team(site: Site, person: Page) -> None:
+    page = person
+    lead = site.spawn(name="lead", command=["true"])
+    indexer = site.spawn(
+        name="indexer", command=["echo", "indexed 42 files"], prompt="index", parent=lead
+    )
+    site.spawn(name="fetcher", command=["true"], parent=lead)
+    until_state(site.api, indexer, "idle")
+
+    page.get_by_test_id("nav-agents").click()
+    expect(page.get_by_test_id("page-agents")).to_be_visible()
+    expect(page.get_by_test_id(f"agent-{indexer}-state")).to_have_text("idle")
+    expect(page.locator(f"[data-parent='{lead}']")).to_have_count(2)
+    shoot(page, site.shots, "agents")
+
+    page.get_by_test_id("nav-events").click()
+    expect(page.get_by_test_id("page-events")).to_be_visible()
+    page.get_by_test_id("events-filter-type").fill("agent.state_changed,agent.turn_completed")
+    page.get_by_test_id("events-filter-submit").click()
+    events = page.get_by_test_id("events")
+    expect(events).to_contain_text("indexed 42 files")
+    expect(events).not_to_contain_text("agent.created")
+    shoot(page, site.shots, "events")
+
+
+# --- forged requests ---------------------------------------------------------------------------
+
+
+def test_a_forged_cross_site_post_is_refused_and_changes_nothing(site: Site, person: Page) -> None:
+    page = person
+    worker = site.asking_worker("guarded", "deploy api to prod")
+    approval = site.open_decision(worker)
+    target = f"{site.url}/console/decisions/{approval['id']}"
+
+    # A page on another port of the same host, visited by the logged-in person, posts a
+    # form to the console: the browser sends the session cookie (same site), not the form
+    # token, and says where the request comes from.
+    forged = f"""<!doctype html><title>win a prize</title>
+<form id="f" method="post" action="{html.escape(target)}">
+<input name="answer" value="approve"><input name="why" value="forged"></form>
+<script>document.getElementById("f").submit()</script>"""
+    with (
+        other_origin(forged) as elsewhere,
+        page.expect_response(lambda r: r.url == target) as posted,
+    ):
+        page.goto(elsewhere)
+    assert posted.value.status == 403
+    expect(page.get_by_test_id("error-code")).to_have_text("forbidden_origin")
+
+    # With the session's own form token but from a foreign origin: refused all the same.
+    page.goto(f"{site.url}/")
+    csrf = page.locator("meta[name=corral-csrf]").get_attribute("content")
+    assert csrf
+    form: dict[str, str | float | bool] = {"answer": "approve", "why": "forged", "csrf": csrf}
+    foreign = page.request.post(target, form=form, headers={"Origin": "http://127.0.0.1:1"})
+    assert foreign.status == 403, foreign.text()
+    assert "forbidden_origin" in foreign.text()
+    # From no origin at all, but without the form token: refused.
+    tokenless = page.request.post(target, form={"answer": "approve", "why": "forged"})
+    assert tokenless.status == 403, tokenless.text()
+    assert "csrf_refused" in tokenless.text()
+
+    still = site.decision(approval["id"])
+    assert still["state"] == "pending", still
+    assert site.api.get(f"/agents/{worker}").json()["state"] == "waiting"
+
+    # The same answer from the console's own page goes through: the refusals above were
+    # the forgery's, not the form's.
+    page.get_by_test_id(f"decision-{approval['id']}-why").fill("by hand")
+    page.get_by_test_id(f"decision-{approval['id']}-answer-deny").click()
+    expect(page.get_by_test_id(f"history-{approval['id']}-by")).to_have_text(PERSON)
+    assert site.decision(approval["id"])["answer"] == "deny"
