@@ -232,7 +232,7 @@ async def test_a_post_without_or_with_a_wrong_form_token_changes_nothing(site: S
 
 
 async def test_bad_forms_are_refused_with_typed_errors(site: Site) -> None:
-    agent, decision = await pending_approval(site)
+    _, decision = await pending_approval(site)
     async with site.browser() as browser:
         csrf = await site.login(browser)
         too_big = await browser.post(

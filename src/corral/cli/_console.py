@@ -16,8 +16,9 @@ def console(
     ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """The console in a browser: prints its address and opens it (log in with an operator
-    token: the daemon's, in .corral/token, or one of `corral token create NAME`)."""
+    """Open the console (the daemon's web page) in a browser. Prints its address; log in
+    with an operator token: the daemon's (.corral/token) or one of `corral token create
+    NAME`."""
     import webbrowser
 
     from corral.console import console_url
