@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from corral.console import Console, console_url
 from corral.daemon import ServeConfig, read_token_file, serve, token_path
 from corral.daemon._server import log_to_stderr
 
@@ -143,13 +144,15 @@ async def main() -> None:
     tasks: set[asyncio.Task[None]] = set()
 
     def ready(url: str) -> None:
+        where = "CORRAL_TOKEN" if os.environ.get("CORRAL_TOKEN") else str(token_path())
+        print(f"console: {console_url(url)}  (log in with the token in {where})", flush=True)
         task = asyncio.get_running_loop().create_task(spawn_team(url))
         tasks.add(task)
 
     log_to_stderr()
     port = int(os.environ.get("CORRAL_PORT", "4600"))
     shop = ensure_shop(Path(".corral") / "shop.db")
-    await serve(ServeConfig(port=port, databases={"shop": str(shop)}), ready=ready)
+    await serve(ServeConfig(port=port, databases={"shop": str(shop)}), ready=ready, front=Console)
     for task in tasks:
         task.cancel()
 

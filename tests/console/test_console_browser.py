@@ -39,7 +39,7 @@ ASK_DEPLOY = {"match": "deploy", "verdict": "ask", "reason": "deploys need a per
 
 
 @dataclass
-class Site:
+class Served:
     """The daemon, a client with its own token, and the person's named token."""
 
     daemon: ServeProcess
@@ -102,19 +102,19 @@ def make_shop(path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     where = tmp_path_factory.mktemp("console")
     shop = make_shop(where / "shop.db")
     with ServeProcess(where, "--db", f"shop=sqlite:///{shop}") as daemon, daemon.client() as api:
         made = api.post("/tokens", json={"name": PERSON})
         assert made.status_code == 201, made.text
-        yield Site(daemon, api, made.json()["token"], screenshot_dir(where / "screenshots"))
+        yield Served(daemon, api, made.json()["token"], screenshot_dir(where / "screenshots"))
 
 
 @pytest.fixture
-def person(site: Site, page: Page) -> Page:
+def person(served: Served, page: Page) -> Page:
     """The page of the person, logged in with their own token, on "Waiting on you"."""
-    login(page, site.url, site.person_token)
+    login(page, served.url, served.person_token)
     expect(page.get_by_test_id("whoami")).to_have_text(PERSON)
     return page
 
@@ -123,21 +123,21 @@ def person(site: Site, page: Page) -> Page:
 
 
 def test_a_held_agent_and_an_approval_appear_live_and_the_answer_goes_to_history(
-    site: Site, person: Page
+    served: Served, person: Page
 ) -> None:
     page = person
     wait_live(page)
     page.evaluate("window.loadedOnce = true")  # gone if the page were loaded again
 
-    held = site.spawn(
+    held = served.spawn(
         name="deployer",
         command=["sh", "-c", "echo 'migration 42 failed: lock timeout' >&2; exit 1"],
         prompt="migrate",
         onFailure="ask",
     )
-    worker = site.asking_worker("releaser", "deploy web to prod")
-    hold = site.open_decision(held)
-    approval = site.open_decision(worker)
+    worker = served.asking_worker("releaser", "deploy web to prod")
+    hold = served.open_decision(held)
+    approval = served.open_decision(worker)
     assert (hold["kind"], approval["kind"]) == ("blocked", "approval")
 
     card = page.get_by_test_id(f"decision-{approval['id']}")
@@ -150,7 +150,7 @@ def test_a_held_agent_and_an_approval_appear_live_and_the_answer_goes_to_history
     expect(held_card).to_be_visible()
     expect(held_card).to_contain_text("migration 42 failed: lock timeout")
     assert page.evaluate("window.loadedOnce") is True  # it came live, not by a reload
-    shoot(page, site.shots, "waiting")
+    shoot(page, served.shots, "waiting")
 
     page.get_by_test_id(f"decision-{approval['id']}-why").fill("change ticket 1234 checked")
     page.get_by_test_id(f"decision-{approval['id']}-answer-approve").click()
@@ -165,29 +165,29 @@ def test_a_held_agent_and_an_approval_appear_live_and_the_answer_goes_to_history
     expect(card).to_have_count(0)
     expect(held_card).to_be_visible()  # the other decision still waits
 
-    done = until_state(site.api, worker, "idle", "failed")
+    done = until_state(served.api, worker, "idle", "failed")
     assert done["state"] == "idle", done["lastError"]
     assert done["lastOutput"] == "done: deploy web to prod\n"
-    answered = site.decision(approval["id"])
+    answered = served.decision(approval["id"])
     assert (answered["answer"], answered["by"], answered["why"]) == (
         "approve",
         PERSON,
         "change ticket 1234 checked",
     )
 
-    page.goto(f"{site.url}/console/agents/{worker}")
+    page.goto(f"{served.url}/console/agents/{worker}")
     expect(page.get_by_test_id("agent-state")).to_have_text("idle")
     expect(page.get_by_test_id("turn-1")).to_contain_text("succeeded")
-    shoot(page, site.shots, "agent")
+    shoot(page, served.shots, "agent")
 
 
 # --- databases ---------------------------------------------------------------------------------
 
 
-def test_a_person_reinstates_an_agent_the_gateway_froze(site: Site, person: Page) -> None:
+def test_a_person_reinstates_an_agent_the_gateway_froze(served: Served, person: Page) -> None:
     page = person
-    auditor = site.spawn(name="auditor", command=["true"])  # no prompt: idle
-    with site.daemon.client(site.daemon.agent_token(auditor)) as own:
+    auditor = served.spawn(name="auditor", command=["true"])  # no prompt: idle
+    with served.daemon.client(served.daemon.agent_token(auditor)) as own:
 
         def frozen() -> bool:
             answer = own.post(
@@ -197,7 +197,7 @@ def test_a_person_reinstates_an_agent_the_gateway_froze(site: Site, person: Page
             return answer.status_code == 423
 
         wait_for(frozen, "the gateway to freeze the auditor")
-    freeze = site.open_decision(auditor)
+    freeze = served.open_decision(auditor)
     assert freeze["kind"] == "gateway_frozen"
 
     page.get_by_test_id("nav-databases").click()
@@ -205,35 +205,35 @@ def test_a_person_reinstates_an_agent_the_gateway_froze(site: Site, person: Page
     expect(page.get_by_test_id("db-target-shop")).to_be_visible()
     evidence = page.get_by_test_id(f"frozen-{auditor}-evidence")
     expect(evidence).to_contain_text("unknown_column")
-    shoot(page, site.shots, "databases")
+    shoot(page, served.shots, "databases")
 
     page.get_by_test_id(f"reinstate-{auditor}-why").fill("it asked for a column we dropped")
     page.get_by_test_id(f"reinstate-{auditor}").click()
     expect(page.get_by_test_id(f"frozen-{auditor}")).to_have_count(0)
 
-    status = site.api.get(f"/gateway/shop/agents/{auditor}")
+    status = served.api.get(f"/gateway/shop/agents/{auditor}")
     assert status.status_code == 200, status.text
     assert status.json()["frozen"] is False
-    answered = site.decision(freeze["id"])
+    answered = served.decision(freeze["id"])
     assert (answered["answer"], answered["by"], answered["why"]) == (
         "reinstate",
         PERSON,
         "it asked for a column we dropped",
     )
-    page.goto(f"{site.url}/")
+    page.goto(f"{served.url}/")
     expect(page.get_by_test_id(f"history-{freeze['id']}-by")).to_have_text(PERSON)
 
 
 # --- who may log in ----------------------------------------------------------------------------
 
 
-def test_an_agents_token_cannot_log_in(site: Site, page: Page) -> None:
-    agent = site.spawn(name="helper", command=["true"])
-    page.goto(f"{site.url}/")
+def test_an_agents_token_cannot_log_in(served: Served, page: Page) -> None:
+    agent = served.spawn(name="helper", command=["true"])
+    page.goto(f"{served.url}/")
     expect(page.get_by_test_id("page-login")).to_be_visible()  # sent to log in first
-    shoot(page, site.shots, "login")
+    shoot(page, served.shots, "login")
 
-    page.get_by_test_id("login-token").fill(site.daemon.agent_token(agent))
+    page.get_by_test_id("login-token").fill(served.daemon.agent_token(agent))
     with page.expect_response(lambda r: r.url.endswith("/console/login")) as posted:
         page.get_by_test_id("login-submit").click()
     assert posted.value.status == 401
@@ -242,24 +242,24 @@ def test_an_agents_token_cannot_log_in(site: Site, page: Page) -> None:
     expect(refusal).to_contain_text("an agent's token cannot open the console")
     assert not [c for c in page.context.cookies() if c["name"].startswith("corral_console")]
 
-    page.goto(f"{site.url}/console/agents")
+    page.goto(f"{served.url}/console/agents")
     expect(page.get_by_test_id("page-login")).to_be_visible()
 
 
-def test_the_agents_and_events_pages_show_the_team(site: Site, person: Page) -> None:
+def test_the_agents_and_events_pages_show_the_team(served: Served, person: Page) -> None:
     page = person
-    lead = site.spawn(name="lead", command=["true"])
-    indexer = site.spawn(
+    lead = served.spawn(name="lead", command=["true"])
+    indexer = served.spawn(
         name="indexer", command=["echo", "indexed 42 files"], prompt="index", parent=lead
     )
-    site.spawn(name="fetcher", command=["true"], parent=lead)
-    until_state(site.api, indexer, "idle")
+    served.spawn(name="fetcher", command=["true"], parent=lead)
+    until_state(served.api, indexer, "idle")
 
     page.get_by_test_id("nav-agents").click()
     expect(page.get_by_test_id("page-agents")).to_be_visible()
     expect(page.get_by_test_id(f"agent-{indexer}-state")).to_have_text("idle")
     expect(page.locator(f"[data-parent='{lead}']")).to_have_count(2)
-    shoot(page, site.shots, "agents")
+    shoot(page, served.shots, "agents")
 
     page.get_by_test_id("nav-events").click()
     expect(page.get_by_test_id("page-events")).to_be_visible()
@@ -268,17 +268,19 @@ def test_the_agents_and_events_pages_show_the_team(site: Site, person: Page) -> 
     events = page.get_by_test_id("events")
     expect(events).to_contain_text("indexed 42 files")
     expect(events).not_to_contain_text("agent.created")
-    shoot(page, site.shots, "events")
+    shoot(page, served.shots, "events")
 
 
 # --- forged requests ---------------------------------------------------------------------------
 
 
-def test_a_forged_cross_site_post_is_refused_and_changes_nothing(site: Site, person: Page) -> None:
+def test_a_forged_cross_site_post_is_refused_and_changes_nothing(
+    served: Served, person: Page
+) -> None:
     page = person
-    worker = site.asking_worker("guarded", "deploy api to prod")
-    approval = site.open_decision(worker)
-    target = f"{site.url}/console/decisions/{approval['id']}"
+    worker = served.asking_worker("guarded", "deploy api to prod")
+    approval = served.open_decision(worker)
+    target = f"{served.url}/console/decisions/{approval['id']}"
 
     # A page on another port of the same host, visited by the logged-in person, posts a
     # form to the console: the browser sends the session cookie (same site), not the form
@@ -296,7 +298,7 @@ def test_a_forged_cross_site_post_is_refused_and_changes_nothing(site: Site, per
     expect(page.get_by_test_id("error-code")).to_have_text("forbidden_origin")
 
     # With the session's own form token but from a foreign origin: refused all the same.
-    page.goto(f"{site.url}/")
+    page.goto(f"{served.url}/")
     csrf = page.locator("meta[name=corral-csrf]").get_attribute("content")
     assert csrf
     form: dict[str, str | float | bool] = {"answer": "approve", "why": "forged", "csrf": csrf}
@@ -308,13 +310,13 @@ def test_a_forged_cross_site_post_is_refused_and_changes_nothing(site: Site, per
     assert tokenless.status == 403, tokenless.text()
     assert "csrf_refused" in tokenless.text()
 
-    still = site.decision(approval["id"])
+    still = served.decision(approval["id"])
     assert still["state"] == "pending", still
-    assert site.api.get(f"/agents/{worker}").json()["state"] == "waiting"
+    assert served.api.get(f"/agents/{worker}").json()["state"] == "waiting"
 
     # The same answer from the console's own page goes through: the refusals above were
     # the forgery's, not the form's.
     page.get_by_test_id(f"decision-{approval['id']}-why").fill("by hand")
     page.get_by_test_id(f"decision-{approval['id']}-answer-deny").click()
     expect(page.get_by_test_id(f"history-{approval['id']}-by")).to_have_text(PERSON)
-    assert site.decision(approval["id"])["answer"] == "deny"
+    assert served.decision(approval["id"])["answer"] == "deny"

@@ -51,6 +51,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "check": ("_decisions", "check", "Ask before acting: exit 0 when allowed."),
     "mcp": ("_daemon", "mcp", "Serve the MCP tools on stdin/stdout, talking to the daemon."),
     "gateway": ("_gateway", "app", "The database gateway of a daemon started with --db."),
+    "console": ("_console", "console", "Open the console (the daemon's web page) in a browser."),
     "token": ("_tokens", "app", "Named operator tokens: make one per person, list, revoke."),
 }
 

@@ -178,13 +178,11 @@ class Console:
         try:
             caller = self._operator(token)
         except LoginRefusedError as exc:
-            response = self.render(
-                request, "login.html", {"next": target, "refusal": exc}, status=401
-            )
-            return response
+            context = {"next": target, "refusal": exc}
+            return self.render(request, "login.html", context, status=401)
         session = self.sessions.open(token, caller)
-        response = RedirectResponse(target, status_code=303)
-        response.set_cookie(
+        redirect = RedirectResponse(target, status_code=303)
+        redirect.set_cookie(
             cookie_name(request),
             session.id,
             httponly=True,
@@ -193,7 +191,7 @@ class Console:
             path="/",
         )
         logger.info("console: %s logged in", caller.name)
-        return response
+        return redirect
 
     def _operator(self, token: str) -> Caller:
         if not token:
@@ -343,7 +341,3 @@ def _templates() -> jinja2.Environment:
     env.filters["json"] = _pages.pretty_json
     env.filters["when"] = _pages.when
     return env
-
-
-def error_status(error: CorralError) -> int:
-    return http_status(error)
