@@ -14,6 +14,7 @@ its own, so the tests hold in any order. Every wait is bounded.
 from __future__ import annotations
 
 import html
+import json
 import shlex
 import sqlite3
 from collections.abc import Iterator
@@ -117,6 +118,15 @@ def person(served: Served, page: Page) -> Page:
     login(page, served.url, served.person_token)
     expect(page.get_by_test_id("whoami")).to_have_text(PERSON)
     return page
+
+
+def test_the_system_chromium_loads_a_real_daemons_health_page(served: Served, page: Page) -> None:
+    answer = page.goto(f"{served.url}/healthz")
+    assert answer is not None
+    assert answer.status == 200
+    assert json.loads(page.inner_text("body"))["status"] == "ok"
+    assert page.viewport_size == {"width": 1280, "height": 800}
+    assert "HeadlessChrome" in page.evaluate("navigator.userAgent")
 
 
 # --- what waits on you, live -------------------------------------------------------------------
