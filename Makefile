@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run tour test lint bench format clean fuzz fuzz-api fuzz-stores fuzz-gateway fuzz-teams
+.PHONY: run tour test lint bench screenshots format clean fuzz fuzz-api fuzz-stores fuzz-gateway fuzz-teams
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,11 @@ fuzz-gateway: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+# The console's pages as docs/console/*.png (docs/console.md shows them), taken by its browser
+# tests in the system's Chromium (`apt-get install chromium`); `make test` keeps its own in /tmp.
+screenshots: $(STAMP)
+	CORRAL_CONSOLE_SCREENSHOTS=docs/console $(BIN)/pytest -q -p no:randomly tests/console/test_console_browser.py
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix .
