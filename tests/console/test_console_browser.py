@@ -188,6 +188,7 @@ def test_a_held_agent_and_an_approval_appear_live_and_the_answer_goes_to_history
     page.goto(f"{served.url}/console/agents/{worker}")
     expect(page.get_by_test_id("agent-state")).to_have_text("idle")
     expect(page.get_by_test_id("turn-1")).to_contain_text("succeeded")
+    expect(page.get_by_test_id("agent-output")).to_have_text("done: deploy web to prod")
     shoot(page, served.shots, "agent")
 
 
