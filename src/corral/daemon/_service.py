@@ -1823,7 +1823,12 @@ class AgentService:
     # --- harness workers --------------------------------------------------------------------
 
     async def _release(self, agent_id: str) -> None:
-        """Tell the agent's harness the agent has ended, so it ends what it keeps for it."""
+        """Tell the agent's harness the agent has ended, so it ends what it keeps for it.
+        Runs off the lock: an agent restarted meanwhile keeps its worker, and one deleted
+        meanwhile had it released by the delete."""
+        rec = self.store.state.agents.get(agent_id)
+        if rec is None or rec["state"] not in ENDED_STATES:
+            return
         harness: object = self.harnesses.get(self._spec(agent_id).harness)
         if isinstance(harness, WarmHarness):
             try:
