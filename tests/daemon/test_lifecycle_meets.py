@@ -9,7 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from corral.daemon import AgentService, SQLiteStore, TurnRequest, TurnResult
+from corral.daemon._metrics import Metrics
+from corral.daemon._state import ENDED_STATES
+from corral.runtime import FakeClock
 from tests.daemon.conftest import MakeService
+from tests.support.harness import ScriptedHarness, fail
 from tests.support.polling import settle
 
 BOUND_S = 10.0
@@ -92,4 +96,28 @@ async def test_a_cascade_stop_survives_a_descendant_deleted_meanwhile(
         answer = await stopping  # the stop was committed: its answer says so
         await deleting
     assert answer.body["stopped"] == [first, second, lead]
+    await replays(sqlite_store)
+
+
+async def test_an_agent_that_fails_for_good_withdraws_every_approval_it_asked(
+    make_service: MakeService, sqlite_store: SQLiteStore, harness: ScriptedHarness
+) -> None:
+    # An approval asked between turns belongs to no turn: the failure that ends the agent
+    # withdraws it all the same, so deleting the agent leaves no decision pending on nobody.
+    service = await make_service(sqlite_store, clock=FakeClock())
+    metrics = Metrics.of(service)
+    rules = [{"match": "deploy", "verdict": "ask", "timeoutS": 3600}]
+    harness.script("w", fail("broke"))
+    agent_id = await spawn(service, name="w", guardrails=rules)
+    verdict = await service.check_action(agent_id, "deploy", {})
+    assert verdict.verdict == "pending"
+    await service.prompt(agent_id, "go")
+    await settle(lambda: service.get(agent_id)["state"] in ENDED_STATES)
+    async with asyncio.timeout(BOUND_S):
+        await service.settled(agent_id)
+    assert service.get(agent_id)["state"] == "failed"
+    assert service.decisions() == []
+    await service.delete(agent_id)
+    assert service.decisions() == []
+    assert b'corral_decisions_pending{kind="approval"} 0.0' in metrics.exposition()
     await replays(sqlite_store)

@@ -1697,6 +1697,8 @@ class AgentService:
         result: CommandResult | None = None,
     ) -> list[Event]:
         events = [self._with_spent(event) for event in events]
+        # An agent that ends leaves no approval waiting on people (see _approvals).
+        events = _approvals.withdrawn_at_end(self.store.state.decisions.values(), events)
         # Sessions a run's end deletes are deleted in the same commit (see _retention).
         events += _retention.on_commit(self.store.state, events, self.clock.now().isoformat())
         if key is not None and command is not None and result is not None:
