@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from corral.daemon import AgentService, SQLiteStore, TurnRequest, TurnResult
+from corral.daemon import AgentService, SQLiteStore, TurnFailedError, TurnRequest, TurnResult
 from corral.daemon._metrics import Metrics
 from corral.daemon._state import ENDED_STATES
 from corral.runtime import FakeClock
@@ -120,4 +120,45 @@ async def test_an_agent_that_fails_for_good_withdraws_every_approval_it_asked(
     await service.delete(agent_id)
     assert service.decisions() == []
     assert b'corral_decisions_pending{kind="approval"} 0.0' in metrics.exposition()
+    await replays(sqlite_store)
+
+
+class Futures:
+    """A harness whose turns wait for a future the test settles (``turns``, by agent)."""
+
+    def __init__(self) -> None:
+        self.turns: dict[str, asyncio.Future[TurnResult]] = {}
+
+    async def run_turn(self, request: TurnRequest) -> TurnResult:
+        future: asyncio.Future[TurnResult] = asyncio.get_running_loop().create_future()
+        self.turns[request.agent_id] = future
+        return await future
+
+    async def reap(self, agent_id: str, state_dir: Path) -> bool:
+        return False
+
+
+async def test_a_turn_that_fails_while_waiting_is_retried_running(
+    make_service: MakeService, sqlite_store: SQLiteStore
+) -> None:
+    # The failed turn's approval is withdrawn; its retry waits on nobody, so the agent
+    # runs (a waiting agent's turn is not watched for stalls nor timed).
+    futures = Futures()
+    service = await make_service(sqlite_store, clock=FakeClock(), harness=futures)
+    rules = [{"match": "deploy", "verdict": "ask", "timeoutS": 3600}]
+    agent_id = await spawn(
+        service, name="w", guardrails=rules, prompt="go", onFailure="retry", maxRetries=2
+    )
+    await settle(lambda: agent_id in futures.turns)
+    assert (await service.check_action(agent_id, "deploy", {})).verdict == "pending"
+    assert service.get(agent_id)["state"] == "waiting"
+    futures.turns.pop(agent_id).set_exception(TurnFailedError("boom"))
+    await settle(lambda: agent_id in futures.turns)  # the retry runs
+    rec = service.get(agent_id)
+    assert (rec["state"], rec["turnInFlight"], service.decisions()) == ("running", 2, [])
+    changes = [e.data for e in await service.events(0, agent_id=agent_id) if e.data.get("to")]
+    assert [(c["from"], c["to"]) for c in changes] == [
+        ("running", "waiting"),
+        ("waiting", "running"),
+    ]
     await replays(sqlite_store)
