@@ -49,6 +49,7 @@ from corral.daemon import (
     _tree_budget,
 )
 from corral.daemon import _events as ev
+from corral.daemon._metrics import Metrics
 from corral.daemon._state import ENDED_STATES, LIVE_STATES
 from corral.kernel import CorralError
 from corral.runtime import FakeClock
@@ -97,6 +98,24 @@ class GatedHarness:
         return False
 
 
+class TermHarness(GatedHarness):
+    """A :class:`GatedHarness` whose turns can be asked to end (a graceful stop)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # What a turn asked to end (SIGTERM) does: traps it (goes on), dies (fails) or
+        # ends well at once (its success must be dropped: the agent is stopped).
+        self.on_term = "trap"
+
+    async def terminate(self, agent_id: str, state_dir: Path) -> bool:
+        found = self.turns.get(agent_id)
+        if found is None:
+            return False
+        if self.on_term != "trap":
+            self.finish(agent_id, self.on_term == "succeed", 1)
+        return True
+
+
 class _Errors(logging.Handler):
     """Every ERROR the daemon logs: a task of its own failed."""
 
@@ -118,8 +137,10 @@ class Teams(RuleBasedStateMachine):
         self.loop = asyncio.new_event_loop()
         self.dir = Path(tempfile.mkdtemp(prefix="corral-teams-"))
         self.clock = FakeClock()
-        self.harness = GatedHarness()
+        self.harness = TermHarness()
         self.limit: int | None = None
+        self.metrics: Metrics | None = None
+        self.opened_at = 0  # the last seq before the service (and its metrics) started
         self.store: SQLiteStore | None = None
         self.service: AgentService | None = None
         self.names = 0
@@ -158,6 +179,8 @@ class Teams(RuleBasedStateMachine):
             max_concurrent_turns=self.limit,
         )
         self.harness.service = self.service
+        self.metrics = Metrics.of(self.service)
+        self.opened_at = self.store.state.last_seq
         await self.service.start()
 
     async def _close(self) -> None:
@@ -174,6 +197,19 @@ class Teams(RuleBasedStateMachine):
         while True:
             await idle()
             busy = [t for t in (*svc._background, *svc._releases) if not t.done()]
+            # Stops in their grace whose turn has ended (or left the harness) finish now;
+            # those whose turn traps SIGTERM wait for the clock.
+            endings = svc._endings
+            busy += [
+                t
+                for a, t in endings._tasks.items()
+                if not t.done()
+                and (
+                    a not in endings._turns
+                    or endings._turns[a].done()
+                    or a not in self.harness.turns
+                )
+            ]
             moving = [
                 a
                 for a, t in svc._turns.items()
@@ -192,7 +228,12 @@ class Teams(RuleBasedStateMachine):
     def live(self) -> list[str]:
         """The live agents in the order they were made (ids are random: never sorted by)."""
         agents = self.svc.store.state.agents
-        return [a for a in self.made if agents[a]["state"] in LIVE_STATES]
+        return [a for a in self.made if a in agents and agents[a]["state"] in LIVE_STATES]
+
+    def ended(self) -> list[str]:
+        """The ended agents (not deleted) in the order they were made."""
+        agents = self.svc.store.state.agents
+        return [a for a in self.made if a in agents and agents[a]["state"] in ENDED_STATES]
 
     def rank(self, agent_id: str) -> int:
         return self.made.index(agent_id) if agent_id in self.made else len(self.made)
@@ -226,6 +267,8 @@ class Teams(RuleBasedStateMachine):
         on_preempt=st.sampled_from(["finish", "cancel"]),
         on_failure=st.sampled_from(["fail", "retry", "ask"]),
         prompt=st.booleans(),
+        grace=st.sampled_from([0.0, 4.0]),
+        reuse=st.none() | st.integers(0, 50),
     )
     def spawn(
         self,
@@ -242,10 +285,16 @@ class Teams(RuleBasedStateMachine):
         on_preempt: str,
         on_failure: str,
         prompt: bool,
+        grace: float,
+        reuse: int | None,
     ) -> None:
         self.names += 1
+        name = f"a{self.names}"
+        if reuse is not None and self.made:
+            name = f"a{reuse % self.names or 1}"  # a name used before, maybe live or deleted
         spec: dict[str, Any] = {
-            "name": f"a{self.names}",
+            "name": name,
+            "stopGraceS": grace,
             "harness": "command",
             "command": ["worker"],
             "priority": priority,
@@ -254,6 +303,7 @@ class Teams(RuleBasedStateMachine):
             "history": history,
             "onPreempt": on_preempt,
             "onFailure": on_failure,
+            "guardrails": [{"match": "deploy", "verdict": "ask", "timeoutS": 60}],
         }
         if prompt:
             spec["prompt"] = "go"
@@ -280,10 +330,51 @@ class Teams(RuleBasedStateMachine):
         if self.live():
             self.call(self.svc.prompt(pick(self.live(), who), text))
 
-    @rule(who=st.integers(0, 50), dice=st.integers(0, 1))
-    def stop(self, who: int, dice: int) -> None:
+    @rule(
+        who=st.integers(0, 50),
+        dice=st.integers(0, 1),
+        now=st.booleans(),
+        keep=st.booleans(),
+        term=st.sampled_from(["trap", "die", "succeed"]),
+    )
+    def stop(self, who: int, dice: int, now: bool, keep: bool, term: str) -> None:
         if dice and self.live():
-            self.call(self.svc.stop(pick(self.live(), who), by="fuzz", why="rule"))
+            self.harness.on_term = term
+            target = pick(self.live(), who)
+            stop = self.svc.stop(target, by="fuzz", why="rule", now=now, keep_children=keep)
+            self.call(stop)
+
+    @rule(who=st.integers(0, 50))
+    def ask(self, who: int) -> None:
+        """The agent asks to act and a rule asks a person (answered by ``answer``)."""
+        if self.live():
+            self.call(self.svc.check_action(pick(self.live(), who), "deploy", {"n": who}))
+
+    @rule(who=st.integers(0, 50), key=st.none() | st.sampled_from(["k1", "k2"]))
+    def restart_agent(self, who: int, key: str | None) -> None:
+        if self.ended():
+            target = pick(self.ended(), who)
+            self.call(self.svc.restart(target, by="fuzz", why="rule", idempotency_key=key))
+
+    @rule(who=st.integers(0, 50), key=st.none() | st.sampled_from(["k3", "k4"]))
+    def delete(self, who: int, key: str | None) -> None:
+        if self.ended():
+            target = pick(self.ended(), who)
+            self.call(self.svc.delete(target, by="fuzz", why="rule", idempotency_key=key))
+
+    @rule(
+        who=st.integers(0, 50),
+        notify=st.sampled_from([None, ["done"], ["done", "failed", "blocked"]]),
+        tokens=st.none() | st.integers(0, 400),
+        budget=st.booleans(),
+    )
+    def patch(self, who: int, notify: list[str] | None, tokens: int | None, budget: bool) -> None:
+        if not self.live():
+            return
+        changes: dict[str, Any] = {"notifyOn": notify}
+        if budget:
+            changes["budget"] = {"maxTokens": tokens}
+        self.call(self.svc.patch(pick(self.live(), who), changes, by="fuzz"))
 
     @rule(who=st.integers(0, 50), dice=st.integers(0, 1))
     def stop_run(self, who: int, dice: int) -> None:
@@ -348,6 +439,7 @@ class Teams(RuleBasedStateMachine):
         self._tree_spend(state)
         self._agents(state)
         self._sessions(state)
+        self._lifecycle(state)
         self.run(self._replays(state))
 
     def _headcount(self, state: _state.State) -> None:
@@ -402,6 +494,34 @@ class Teams(RuleBasedStateMachine):
                 assert agent_id not in pending_notices, f"{agent_id} idle, not woken"
             if rec["state"] in ("idle", "blocked"):
                 assert rec["turnInFlight"] is None, agent_id
+            if rec["state"] == "waiting":
+                found = state.decisions.get(rec.get("decision") or "")
+                assert found is not None, agent_id
+                assert found["state"] == "pending", (agent_id, "waits on nothing")
+
+    def _lifecycle(self, state: _state.State) -> None:
+        """No live agent under a deleted parent, children lists agree with parents, names
+        unique among the live agents of a run, a stop in its grace only for a stopped
+        agent."""
+        live_names: dict[tuple[str, str], str] = {}
+        for agent_id, rec in state.agents.items():
+            parent = rec["parent"]
+            if parent is not None:
+                assert parent in state.agents, f"{agent_id}: its parent {parent} is gone"
+                assert agent_id in state.agents[parent]["children"], agent_id
+            for child in rec["children"]:
+                assert child in state.agents, f"{agent_id}: child {child} is gone"
+            if rec["state"] in LIVE_STATES:
+                key = (rec["runId"], rec["name"])
+                assert key not in live_names, f"name {key} held by {live_names.get(key)} too"
+                live_names[key] = agent_id
+        for agent_id in self.svc._endings._tasks:
+            ending = state.agents.get(agent_id)
+            assert ending is not None, agent_id
+            assert ending["state"] == "stopped", (agent_id, ending)
+        for agent_id in self.made:
+            if agent_id not in state.agents:
+                assert agent_id not in self.harness.turns, f"deleted {agent_id} still runs"
 
     def _sessions(self, state: _state.State) -> None:
         for agent_id, messages in state.sessions.items():
@@ -438,6 +558,74 @@ class Teams(RuleBasedStateMachine):
             if event.type == ev.TURN_STALLED:
                 turn = (event.agent_id, event.data["turn"])
                 assert turn in self.harness.reached, f"stall of a turn never started: {turn}"
+        await self._turns_once(state, events)
+
+    async def _turns_once(self, state: _state.State, events: list[ev.Event]) -> None:
+        """Every turn started once, with numbers going up, and ended once (a turn cut short
+        by a daemon restart is interrupted, then counted failed, right after) or is in
+        flight; each record agrees with the events (deleted agents have none); the metrics
+        count each ending once."""
+        last: dict[str, int] = {}
+        ended: dict[tuple[str, int], str] = {}
+        started: set[tuple[str, int]] = set()
+        deleted: set[str] = set()
+        previous: ev.Event | None = None
+        counted = 0
+        for event in events:
+            agent_id = event.agent_id
+            if agent_id is None:
+                previous = event
+                continue
+            turn = event.data.get("turn")
+            if not isinstance(turn, int):
+                previous = event
+                continue
+            if event.type == ev.TURN_STARTED:
+                assert turn > last.get(agent_id, 0), (event.seq, turn, last.get(agent_id))
+                last[agent_id] = turn
+                started.add((agent_id, turn))
+            elif event.type in (ev.TURN_COMPLETED, ev.TURN_FAILED, ev.TURN_INTERRUPTED):
+                key = (agent_id, turn)
+                assert key in started, f"{event.seq}: {key} ended, never started"
+                if key in ended:
+                    again = (
+                        event.type == ev.TURN_FAILED
+                        and previous is not None
+                        and previous.type == ev.TURN_INTERRUPTED
+                        and previous.agent_id == agent_id
+                        and previous.data.get("turn") == turn
+                    )
+                    assert again, f"{event.seq}: {key} ended twice ({ended[key]}, {event.type})"
+                else:
+                    ended[key] = event.type
+                    if event.seq > self.opened_at:
+                        counted += 1
+            elif event.type == ev.AGENT_DELETED:
+                deleted.add(agent_id)
+            previous = event
+        for key in started - set(ended):
+            rec = state.agents.get(key[0])
+            assert rec is not None, f"{key} never ended"
+            assert rec["turnInFlight"] == key[1], f"{key} never ended"
+        assert self.metrics is not None
+        samples = [s for m in self.metrics.turns.collect() for s in m.samples]
+        turns = sum(s.value for s in samples if s.name.endswith("_total"))
+        assert turns == counted, f"metrics count {turns} turns ended, the log {counted}"
+        table = self.svc.turn_book.table
+        for agent_id in deleted:
+            assert not await table.list_turns(agent_id), f"deleted {agent_id} keeps turns"
+        outcome = {
+            ev.TURN_COMPLETED: "succeeded",
+            ev.TURN_FAILED: "failed",
+            ev.TURN_INTERRUPTED: "interrupted",
+        }
+        for agent_id in state.agents:
+            records = {r["turn"]: r for r in await table.list_turns(agent_id, limit=1000)}
+            mine = sorted(t for a, t in started if a == agent_id)
+            assert sorted(records) == mine, (agent_id, sorted(records), mine)
+            for turn, record in records.items():
+                want = outcome.get(ended.get((agent_id, turn), ""), "running")
+                assert record["outcome"] == want, (agent_id, turn, record, want)
 
 
 @pytest.mark.timeout(0)

@@ -6,13 +6,16 @@ from __future__ import annotations
 import json
 import math
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from corral.daemon import _events as ev
 from corral.daemon._errors import InvalidRequestError, TooManyApprovalsError
+from corral.daemon._events import NewEvent
 from corral.daemon._records import DecisionRecord
+from corral.daemon._state import ENDED_STATES
 from corral.daemon._text import json_problems
 from corral.daemon.guardrails import action_problems
 from corral.guard import GuardrailResult
@@ -175,3 +178,33 @@ def check_room(decisions: Iterable[DecisionRecord], agent_id: str, run_id: str) 
         raise TooManyApprovalsError(agent_id, MAX_PENDING_APPROVALS, mine)
     if in_run >= MAX_PENDING_RUN_APPROVALS:
         raise TooManyApprovalsError(agent_id, MAX_PENDING_RUN_APPROVALS, in_run, run=run_id)
+
+
+def withdrawn_at_end(
+    decisions: Iterable[DecisionRecord], events: Sequence[NewEvent]
+) -> list[NewEvent]:
+    """``events`` with every approval still pending of an agent they end withdrawn, just
+    before its end: an approval asked between turns belongs to no turn, so no turn's end
+    withdraws it, and an ended (then deleted) agent must leave none waiting on people."""
+    ending = {
+        e.agent_id: i
+        for i, e in reversed(list(enumerate(events)))
+        if e.type == ev.STATE_CHANGED and e.agent_id and e.data.get("to") in ENDED_STATES
+    }
+    if not ending:
+        return list(events)
+    answered = {e.data.get("decisionId") for e in events if e.type == ev.DECISION_RESOLVED}
+    before: dict[int, list[NewEvent]] = {}
+    for found in decisions:
+        agent_id = found["agentId"]
+        if (
+            found["kind"] == "approval"
+            and found["state"] == "pending"
+            and agent_id in ending
+            and found["id"] not in answered
+        ):
+            withdrawn = ev.resolved(found, "withdrawn", None, "the agent ended")
+            before.setdefault(ending[agent_id], []).append(withdrawn)
+    if not before:
+        return list(events)
+    return [w for i, e in enumerate(events) for w in (*before.get(i, ()), e)]

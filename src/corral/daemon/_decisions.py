@@ -178,9 +178,12 @@ def turn_succeeded(
     goes idle, and its parent hears if it asked to."""
     return [
         ev.turn_completed(rec["id"], turn, output, usage, messages),
-        ev.turn_done(rec["id"]),
+        ev.turn_done(rec["id"], rec["state"]),
         *_notices.on_turn(state, rec, spec, "done", output=output),
     ]
+
+
+RETRIED_FROM_WAITING = {"from": "waiting", "to": "running", "reason": "retry"}
 
 
 def turn_failed(
@@ -218,6 +221,9 @@ def turn_failed(
         assert rec["lastPrompt"] is not None
         retry = turn + 1
         text = _notices.resend_text(state, rec)
+        if rec["state"] == "waiting":
+            # The failed turn's approvals are withdrawn (``before``): the retry waits on none.
+            events.append(NewEvent(ev.STATE_CHANGED, agent_id, dict(RETRIED_FROM_WAITING)))
         events.append(
             ev.turn_started(agent_id, retry, rec["lastPrompt"], retry=True, notices=[], text=text)
         )
@@ -225,7 +231,7 @@ def turn_failed(
     if decision.action == "hold":
         assert decision.reason is not None
         return events + hold(state, after, decision.reason, error), None
-    events.append(ev.failed(agent_id, error))
+    events.append(ev.failed(agent_id, error, was=rec["state"]))
     events += _notices.on_turn(state, after, spec, "failed", error=error)
     events += drop_pending(state, agent_id)
     return events, None

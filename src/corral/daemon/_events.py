@@ -292,9 +292,10 @@ def woken(agent_id: str) -> NewEvent:
     return NewEvent(STATE_CHANGED, agent_id, data)
 
 
-def turn_done(agent_id: str) -> NewEvent:
-    """The agent's turn succeeded: it waits, idle, for the next prompt."""
-    data = {"from": "running", "to": "idle", "reason": "turn-done"}
+def turn_done(agent_id: str, was: str = "running") -> NewEvent:
+    """The agent's turn succeeded: it waits, idle, for the next prompt (``was``: ``waiting``
+    for a turn that ended while it waited on a person)."""
+    data = {"from": was, "to": "idle", "reason": "turn-done"}
     return NewEvent(STATE_CHANGED, agent_id, data)
 
 
@@ -336,10 +337,12 @@ def deleted(agent_id: str, by: str | None, why: str | None, *, with_: str | None
     return NewEvent(AGENT_DELETED, agent_id, data)
 
 
-def failed(agent_id: str, error: str, reason: str = "turn-failed") -> NewEvent:
+def failed(
+    agent_id: str, error: str, reason: str = "turn-failed", *, was: str = "running"
+) -> NewEvent:
     """The agent ends failed: its policy gave up after a failed turn (or, ``reason``
-    ``stalled``, its recovery ejected it)."""
-    data = {"from": "running", "to": "failed", "reason": reason, "error": error}
+    ``stalled``, its recovery ejected it); ``was`` as for :func:`turn_done`."""
+    data = {"from": was, "to": "failed", "reason": reason, "error": error}
     return NewEvent(STATE_CHANGED, agent_id, data)
 
 

@@ -1697,6 +1697,8 @@ class AgentService:
         result: CommandResult | None = None,
     ) -> list[Event]:
         events = [self._with_spent(event) for event in events]
+        # An agent that ends leaves no approval waiting on people (see _approvals).
+        events = _approvals.withdrawn_at_end(self.store.state.decisions.values(), events)
         # Sessions a run's end deletes are deleted in the same commit (see _retention).
         events += _retention.on_commit(self.store.state, events, self.clock.now().isoformat())
         if key is not None and command is not None and result is not None:
@@ -1823,7 +1825,12 @@ class AgentService:
     # --- harness workers --------------------------------------------------------------------
 
     async def _release(self, agent_id: str) -> None:
-        """Tell the agent's harness the agent has ended, so it ends what it keeps for it."""
+        """Tell the agent's harness the agent has ended, so it ends what it keeps for it.
+        Runs off the lock: an agent restarted meanwhile keeps its worker, and one deleted
+        meanwhile had it released by the delete."""
+        rec = self.store.state.agents.get(agent_id)
+        if rec is None or rec["state"] not in ENDED_STATES:
+            return
         harness: object = self.harnesses.get(self._spec(agent_id).harness)
         if isinstance(harness, WarmHarness):
             try:
