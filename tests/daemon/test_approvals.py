@@ -155,6 +155,25 @@ async def test_an_approval_waits_for_a_person_and_is_recorded_with_who(
     assert len(service.decisions(resolved=True)) == 1
 
 
+async def test_an_approval_does_not_pass_the_rule_a_patch_put_in_its_place(
+    service: AgentService,
+) -> None:
+    # A person approved "deploy" under the rule asking about staging; a PATCH then put a
+    # stricter rule first. The approval was never given for that rule: it must ask again.
+    staging = {"match": "deploy", "verdict": "ask", "reason": "staging?", "timeoutS": 60}
+    agent = await _agent(service, guardrails=[staging])
+    pending = await service.check_action(agent, "deploy web")
+    assert pending.decision is not None
+    await service.answer(pending.decision, "approve", by="alice", why="staging is fine")
+    assert (await service.action_verdict(pending.decision)).verdict == "allowed"
+    prod = {"match": "deploy", "verdict": "ask", "reason": "prod?", "timeoutS": 60}
+    await service.patch(agent, {"guardrails": [prod, staging]}, by="lead", why="prod rule")
+    again = await service.action_verdict(pending.decision)
+    assert again.verdict == "pending"
+    assert again.decision not in (None, pending.decision)
+    assert service.decision(str(again.decision))["reason"] == "prod?"
+
+
 async def test_a_denial_blocks_with_the_persons_reason(service: AgentService) -> None:
     agent = await _agent(service, guardrails=DEPLOY_ASKS)
     pending = await service.check_action(agent, "deploy web to prod")

@@ -13,6 +13,7 @@ from corral.daemon import (
     AgentLiveError,
     AgentNotFoundError,
     AgentService,
+    ParentEndedError,
     SQLiteStore,
     TurnRequest,
     TurnResult,
@@ -226,6 +227,21 @@ async def test_a_failed_agent_runs_again_with_its_session(env: Env) -> None:
     assert replayed.replayed
     assert replayed.body == answer.body
     assert env.state(other) == "idle"
+    await env.assert_replay_matches()
+
+
+async def test_a_child_is_restarted_after_its_parent_not_before(env: Env) -> None:
+    lead = await env.spawn(name="lead")
+    child = await env.spawn(name="child", parent=lead)
+    await env.service.stop(lead)
+    with pytest.raises(ParentEndedError, match="restart the parent first") as refused:
+        await env.service.restart(child)
+    assert refused.value.code == "parent_ended"
+    assert http_status(refused.value) == 409
+    assert env.state(child) == "stopped"
+    await env.service.restart(lead)
+    await env.service.restart(child)
+    assert (env.state(lead), env.state(child)) == ("idle", "idle")
     await env.assert_replay_matches()
 
 

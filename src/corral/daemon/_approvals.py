@@ -146,17 +146,20 @@ def same_pending(
     decisions: Iterable[DecisionRecord],
     agent_id: str,
     rule_index: int,
+    rule: Mapping[str, Any],
     action: str,
     context: Mapping[str, Any],
 ) -> str | None:
-    """The id of a pending approval of ``agent_id`` for the same action, context and rule,
-    if there is one."""
+    """The id of a pending approval of ``agent_id`` for the same action, context and rule
+    (at the same place, with the same content: ``rule`` as ``rule_to_json`` gives it), if
+    there is one."""
     for found in decisions:
         if (
             found["kind"] == "approval"
             and found["state"] == "pending"
             and found["agentId"] == agent_id
             and found.get("ruleIndex") == rule_index
+            and found.get("rule") == rule
             and found.get("action") == action
             and found.get("context") == dict(context)
         ):

@@ -163,6 +163,22 @@ class AgentLiveError(DaemonError):
         )
 
 
+class ParentEndedError(DaemonError):
+    """A restart of an agent whose parent has ended: a child lives under a live parent
+    (whom its notices reach and whose budget bounds it), so the parent is restarted first."""
+
+    code = "parent_ended"
+
+    def __init__(self, agent_id: str, parent: str, state: str) -> None:
+        super().__init__(
+            f"agent {agent_id!r} cannot be restarted while its parent {parent!r} is {state}: "
+            "restart the parent first",
+            agent_id=agent_id,
+            parent=parent,
+            state=state,
+        )
+
+
 class AgentBusyError(DaemonError):
     """The agent is in the middle of a turn; prompt it again when it is idle or blocked."""
 

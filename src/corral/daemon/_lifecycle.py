@@ -41,7 +41,7 @@ from datetime import datetime
 
 from corral.daemon import _decisions, _notices, _runs
 from corral.daemon import _events as ev
-from corral.daemon._errors import AgentLiveError
+from corral.daemon._errors import AgentLiveError, ParentEndedError
 from corral.daemon._events import NewEvent
 from corral.daemon._records import AgentRecord
 from corral.daemon._spec import AgentSpec
@@ -100,10 +100,14 @@ def restart(
     """Restart the ended agent ``rec``: ``agent.restarted``, then it runs its last prompt
     again (pending notices in front, as a prompt does), goes idle when it never had one,
     or is held ``budget-exhausted`` when its budget (or an ancestor's) leaves no room.
-    Raises :class:`AgentLiveError` for a live agent."""
+    Raises :class:`AgentLiveError` for a live agent, :class:`ParentEndedError` for one
+    whose parent has ended."""
     agent_id, was = rec["id"], rec["state"]
     if was not in ENDED_STATES:
         raise AgentLiveError(agent_id, was, "restarted")
+    parent = state.agents.get(rec["parent"]) if rec["parent"] is not None else None
+    if parent is not None and parent["state"] in ENDED_STATES:
+        raise ParentEndedError(agent_id, parent["id"], parent["state"])
     events = [ev.restarted(agent_id, was, by, why, rec.get("restarts", 0) + 1)]
     prompt = rec["lastPrompt"]
     awake = preview(state, events, now.isoformat()).get_agent(agent_id)

@@ -1217,12 +1217,24 @@ class AgentService:
         async with self._mutex:
             self._refuse_if_closed("check")
             rec = self._live(agent_id)
+            rule_json = rule_to_json(ask.rule)
             existing = self._by_check.get((check_id, ask.index))
+            if existing is not None and (
+                self.store.state.decisions.get(existing, {}).get("rule") != rule_json
+            ):
+                # The agent's rules were changed (PATCH) since: the rule now at that place
+                # was never put to a person, whatever was answered for the one before it.
+                existing = None
             if existing is None:
                 # The same question asked again while it waits (a worker's retry loop) is
                 # the same decision: a person is never asked twice at once.
                 existing = _approvals.same_pending(
-                    self.store.state.decisions.values(), agent_id, ask.index, action, context
+                    self.store.state.decisions.values(),
+                    agent_id,
+                    ask.index,
+                    rule_json,
+                    action,
+                    context,
                 )
             events: list[NewEvent] = []
             if existing is not None:
@@ -1240,7 +1252,7 @@ class AgentService:
                 "id": decision_id,
                 "action": action,
                 "context": dict(context),
-                "rule": rule_to_json(ask.rule),
+                "rule": rule_json,
                 "checkId": check_id,
                 "ruleIndex": ask.index,
                 "reason": reason or f"{ask.rule.label} asks a person first",

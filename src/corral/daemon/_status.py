@@ -41,6 +41,7 @@ STATUS: dict[str, int] = {
     "ambiguous_name": 409,
     "agent_busy": 409,
     "agent_live": 409,
+    "parent_ended": 409,
     "agent_paused": 409,
     "budget_exhausted": 409,
     "spawn_budget_exceeded": 409,
