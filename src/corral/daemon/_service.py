@@ -1219,9 +1219,8 @@ class AgentService:
             rec = self._live(agent_id)
             rule_json = rule_to_json(ask.rule)
             existing = self._by_check.get((check_id, ask.index))
-            if existing is not None and (
-                self.store.state.decisions.get(existing, {}).get("rule") != rule_json
-            ):
+            opened = None if existing is None else self.store.state.decisions.get(existing)
+            if opened is not None and opened.get("rule") != rule_json:
                 # The agent's rules were changed (PATCH) since: the rule now at that place
                 # was never put to a person, whatever was answered for the one before it.
                 existing = None
