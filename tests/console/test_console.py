@@ -154,6 +154,17 @@ async def test_answers_carry_the_security_headers(site: Site) -> None:
         assert (await browser.get("/console/static/_app.py")).status_code == 404
 
 
+async def test_refused_methods_carry_the_security_headers_too(site: Site) -> None:
+    # Starlette answers a method a route does not take (405) before any console handler.
+    async with site.browser() as browser:
+        for method, path in (("POST", "/"), ("PUT", "/console/login"), ("DELETE", "/")):
+            answer = await browser.request(method, path)
+            assert answer.status_code in (404, 405), (method, path)
+            assert "frame-ancestors 'none'" in answer.headers["content-security-policy"]
+            assert answer.headers["x-content-type-options"] == "nosniff"
+            assert answer.headers["cache-control"] == "no-store"
+
+
 def test_the_console_needs_an_app_with_a_token(site: Site) -> None:
     import pytest
 
