@@ -349,3 +349,36 @@ async def test_the_agents_page_shows_trees_and_filters(site: Site) -> None:
         assert 'data-testid="agents-empty"' in none
         bad = await browser.get("/console/agents?state=<x>")
         assert bad.status_code == 400
+
+
+async def test_the_live_stream_ends_with_its_session_even_when_nothing_happens(
+    site: Site,
+) -> None:
+    import asyncio
+
+    import pytest
+    from starlette.requests import Request
+
+    from corral.console import _stream
+    from corral.daemon._auth import Caller
+    from tests.support.front_door import BOUND_S
+
+    console = Console(site.door.app(), heartbeat_s=0.05)
+    session = console.sessions.open(DAEMON_TOKEN, Caller(OPERATOR))
+    cookie = f"corral_console_4600={session.id}".encode()
+    request = Request(
+        {
+            "type": "http",
+            "method": "GET",
+            "path": "/console/stream",
+            "query_string": b"",
+            "headers": [(b"cookie", cookie)],
+            "server": ("127.0.0.1", 4600),
+        }
+    )
+    last = site.door.service.store.state.last_seq
+    changes = _stream._changes(console, request, session, last)
+    await anext(changes)  # hello
+    console.sessions.close(session.id)  # logged out in another tab; no event comes after
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(anext(changes), BOUND_S)
