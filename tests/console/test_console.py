@@ -382,3 +382,23 @@ async def test_the_live_stream_ends_with_its_session_even_when_nothing_happens(
     console.sessions.close(session.id)  # logged out in another tab; no event comes after
     with pytest.raises(StopAsyncIteration):
         await asyncio.wait_for(anext(changes), BOUND_S)
+
+
+async def test_login_needs_a_browsers_word_that_it_comes_from_the_console(site: Site) -> None:
+    # Login CSRF: the login form carries no session's form token (there is no session yet),
+    # so the browser's Origin or Sec-Fetch-Site must say the POST comes from this origin.
+    form = {"token": DAEMON_TOKEN, "next": "/"}
+    async with site.browser() as browser:
+        bare = await browser.post("/console/login", data=form, headers={"origin": ""})
+        assert bare.status_code == 403
+        assert 'data-testid="error-code">forbidden_origin<' in bare.text
+        assert "set-cookie" not in bare.headers
+        for headers in ({"sec-fetch-site": "same-site"}, {"origin": "null"}):
+            refused = await browser.post("/console/login", data=form, headers=headers)
+            assert refused.status_code == 403, headers
+            assert "set-cookie" not in refused.headers
+    for headers in ({"sec-fetch-site": "same-origin"}, {"origin": "http://127.0.0.1:4600"}):
+        async with site.browser() as browser:
+            answer = await browser.post("/console/login", data=form, headers=headers)
+            assert answer.status_code == 303, headers
+            assert "set-cookie" in answer.headers

@@ -171,7 +171,7 @@ class Console:
         )
 
     async def _login(self, request: Request) -> Response:
-        check_origin(request)
+        check_origin(request, vouched=True)  # login CSRF: no session's form token yet
         form = await read_form(request)
         token = form.get("token", "").strip()
         target = _next_of(form.get("next"))
