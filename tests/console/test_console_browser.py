@@ -24,8 +24,9 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Browser, Page, expect
 
+from tests.support.browser import STEP_TIMEOUT_MS, VIEWPORT
 from tests.support.console import login, other_origin, screenshot_dir, shoot, wait_live
 from tests.support.serve_process import CLI, ServeProcess, until_state, wait_for
 
@@ -331,3 +332,32 @@ def test_a_forged_cross_site_post_is_refused_and_changes_nothing(
     page.get_by_test_id(f"decision-{approval['id']}-answer-deny").click()
     expect(page.get_by_test_id(f"history-{approval['id']}-by")).to_have_text(PERSON)
     assert served.decision(approval["id"])["answer"] == "deny"
+
+
+# --- many tabs ---------------------------------------------------------------------------------
+
+
+def test_many_tabs_of_one_person_stay_live_on_one_stream(served: Served, browser: Browser) -> None:
+    # A browser opens at most 6 connections to one host over HTTP/1.1: were each tab to hold
+    # a stream of its own, a 7th tab of the console would not even load.
+    context = browser.new_context(viewport=VIEWPORT)
+    context.set_default_timeout(STEP_TIMEOUT_MS)
+    try:
+        tabs = [context.new_page()]
+        login(tabs[0], served.url, served.person_token)
+        wait_live(tabs[0])
+        for _ in range(7):
+            tab = context.new_page()
+            tab.goto(f"{served.url}/console/events")
+            wait_live(tab)
+            tabs.append(tab)
+        agent = served.spawn(name="many-tabs", command=["true"])
+        for tab in tabs[1:]:
+            expect(tab.get_by_test_id("events")).to_contain_text(agent)
+        # The tab holding the stream closes: another takes it up, and all stay live.
+        tabs.pop(0).close()
+        other = served.spawn(name="many-tabs-2", command=["true"])
+        for tab in tabs:
+            expect(tab.get_by_test_id("events")).to_contain_text(other)
+    finally:
+        context.close()
