@@ -402,3 +402,18 @@ async def test_login_needs_a_browsers_word_that_it_comes_from_the_console(site: 
             answer = await browser.post("/console/login", data=form, headers=headers)
             assert answer.status_code == 303, headers
             assert "set-cookie" in answer.headers
+
+
+async def test_an_agents_megabyte_output_is_clipped_on_its_live_page(site: Site) -> None:
+    # The agent's live part is fetched again at every event of the daemon, by every tab.
+    door = site.door
+    door.harness.script("talker", "x" * 1_000_000)
+    agent = await door.spawn(name="talker", prompt="say a lot")
+    await door.settled(agent, "idle")
+    async with site.browser() as browser:
+        await site.login(browser)
+        live = await browser.get(f"/console/agents/{agent}", headers={"x-corral-fragment": "agent"})
+        assert live.status_code == 200
+        assert len(live.text) < 200_000, len(live.text)
+        assert "1000000 characters" in live.text  # says how much there is, and where
+        assert f"/console/agents/{agent}/turns/1" in live.text
