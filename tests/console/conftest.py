@@ -30,9 +30,14 @@ class Site:
     console: Console
 
     def browser(self, **headers: str) -> httpx.AsyncClient:
-        """A client that keeps cookies and follows no redirect (each is asserted)."""
+        """A client that keeps cookies and follows no redirect (each is asserted); like a
+        browser on a console page it sends the console's ``Origin`` unless told otherwise
+        (an empty ``origin`` header: none)."""
         transport = httpx.ASGITransport(app=self.console)
-        return httpx.AsyncClient(transport=transport, base_url=LOCAL_URL, headers=headers)
+        headers = {"origin": LOCAL_URL, **headers}
+        client = httpx.AsyncClient(transport=transport, base_url=LOCAL_URL, headers=headers)
+        client.event_hooks["request"].append(_drop_empty_origin)
+        return client
 
     async def login(self, browser: httpx.AsyncClient, token: str = DAEMON_TOKEN) -> str:
         """Log ``browser`` in with ``token``; its session's form token."""
@@ -43,6 +48,11 @@ class Site:
         found = CSRF.search(home.text)
         assert found is not None
         return found.group(1)
+
+
+async def _drop_empty_origin(request: httpx.Request) -> None:
+    if request.headers.get("origin") == "":
+        del request.headers["origin"]
 
 
 @pytest.fixture

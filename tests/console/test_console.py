@@ -154,6 +154,17 @@ async def test_answers_carry_the_security_headers(site: Site) -> None:
         assert (await browser.get("/console/static/_app.py")).status_code == 404
 
 
+async def test_refused_methods_carry_the_security_headers_too(site: Site) -> None:
+    # Starlette answers a method a route does not take (405) before any console handler.
+    async with site.browser() as browser:
+        for method, path in (("POST", "/"), ("PUT", "/console/login"), ("DELETE", "/")):
+            answer = await browser.request(method, path)
+            assert answer.status_code in (404, 405), (method, path)
+            assert "frame-ancestors 'none'" in answer.headers["content-security-policy"]
+            assert answer.headers["x-content-type-options"] == "nosniff"
+            assert answer.headers["cache-control"] == "no-store"
+
+
 def test_the_console_needs_an_app_with_a_token(site: Site) -> None:
     import pytest
 
@@ -338,3 +349,71 @@ async def test_the_agents_page_shows_trees_and_filters(site: Site) -> None:
         assert 'data-testid="agents-empty"' in none
         bad = await browser.get("/console/agents?state=<x>")
         assert bad.status_code == 400
+
+
+async def test_the_live_stream_ends_with_its_session_even_when_nothing_happens(
+    site: Site,
+) -> None:
+    import asyncio
+
+    import pytest
+    from starlette.requests import Request
+
+    from corral.console import _stream
+    from corral.daemon._auth import Caller
+    from tests.support.front_door import BOUND_S
+
+    console = Console(site.door.app(), heartbeat_s=0.05)
+    session = console.sessions.open(DAEMON_TOKEN, Caller(OPERATOR))
+    cookie = f"corral_console_4600={session.id}".encode()
+    request = Request(
+        {
+            "type": "http",
+            "method": "GET",
+            "path": "/console/stream",
+            "query_string": b"",
+            "headers": [(b"cookie", cookie)],
+            "server": ("127.0.0.1", 4600),
+        }
+    )
+    last = site.door.service.store.state.last_seq
+    changes = _stream._changes(console, request, session, last)
+    await anext(changes)  # hello
+    console.sessions.close(session.id)  # logged out in another tab; no event comes after
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(anext(changes), BOUND_S)
+
+
+async def test_login_needs_a_browsers_word_that_it_comes_from_the_console(site: Site) -> None:
+    # Login CSRF: the login form carries no session's form token (there is no session yet),
+    # so the browser's Origin or Sec-Fetch-Site must say the POST comes from this origin.
+    form = {"token": DAEMON_TOKEN, "next": "/"}
+    async with site.browser() as browser:
+        bare = await browser.post("/console/login", data=form, headers={"origin": ""})
+        assert bare.status_code == 403
+        assert 'data-testid="error-code">forbidden_origin<' in bare.text
+        assert "set-cookie" not in bare.headers
+        for headers in ({"sec-fetch-site": "same-site"}, {"origin": "null"}):
+            refused = await browser.post("/console/login", data=form, headers=headers)
+            assert refused.status_code == 403, headers
+            assert "set-cookie" not in refused.headers
+    for headers in ({"sec-fetch-site": "same-origin"}, {"origin": "http://127.0.0.1:4600"}):
+        async with site.browser() as browser:
+            answer = await browser.post("/console/login", data=form, headers=headers)
+            assert answer.status_code == 303, headers
+            assert "set-cookie" in answer.headers
+
+
+async def test_an_agents_megabyte_output_is_clipped_on_its_live_page(site: Site) -> None:
+    # The agent's live part is fetched again at every event of the daemon, by every tab.
+    door = site.door
+    door.harness.script("talker", "x" * 1_000_000)
+    agent = await door.spawn(name="talker", prompt="say a lot")
+    await door.settled(agent, "idle")
+    async with site.browser() as browser:
+        await site.login(browser)
+        live = await browser.get(f"/console/agents/{agent}", headers={"x-corral-fragment": "agent"})
+        assert live.status_code == 200
+        assert len(live.text) < 200_000, len(live.text)
+        assert "1000000 characters" in live.text  # says how much there is, and where
+        assert f"/console/agents/{agent}/turns/1" in live.text

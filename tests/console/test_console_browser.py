@@ -24,8 +24,9 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Browser, Page, ViewportSize, expect
 
+from tests.support.browser import STEP_TIMEOUT_MS, VIEWPORT
 from tests.support.console import login, other_origin, screenshot_dir, shoot, wait_live
 from tests.support.serve_process import CLI, ServeProcess, until_state, wait_for
 
@@ -331,3 +332,86 @@ def test_a_forged_cross_site_post_is_refused_and_changes_nothing(
     page.get_by_test_id(f"decision-{approval['id']}-answer-deny").click()
     expect(page.get_by_test_id(f"history-{approval['id']}-by")).to_have_text(PERSON)
     assert served.decision(approval["id"])["answer"] == "deny"
+
+
+# --- many tabs ---------------------------------------------------------------------------------
+
+
+def test_many_tabs_of_one_person_stay_live_on_one_stream(served: Served, browser: Browser) -> None:
+    # A browser opens at most 6 connections to one host over HTTP/1.1: were each tab to hold
+    # a stream of its own, a 7th tab of the console would not even load.
+    context = browser.new_context(viewport=VIEWPORT)
+    context.set_default_timeout(STEP_TIMEOUT_MS)
+    try:
+        tabs = [context.new_page()]
+        login(tabs[0], served.url, served.person_token)
+        wait_live(tabs[0])
+        for _ in range(7):
+            tab = context.new_page()
+            tab.goto(f"{served.url}/console/events")
+            wait_live(tab)
+            tabs.append(tab)
+        agent = served.spawn(name="many-tabs", command=["true"])
+        for tab in tabs[1:]:
+            expect(tab.get_by_test_id("events")).to_contain_text(agent)
+        # The tab holding the stream closes: another takes it up, and all stay live.
+        tabs.pop(0).close()
+        other = served.spawn(name="many-tabs-2", command=["true"])
+        for tab in tabs:
+            expect(tab.get_by_test_id("events")).to_contain_text(other)
+    finally:
+        context.close()
+
+
+# --- a phone's width, and the keyboard --------------------------------------------------------
+
+PHONE: ViewportSize = {"width": 390, "height": 844}
+OVERFLOW = "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+
+
+def tab_to(page: Page, test_id: str, most: int = 80) -> None:
+    """Press Tab until the element ``test_id`` has the focus (at most ``most`` times)."""
+    for _ in range(most):
+        page.keyboard.press("Tab")
+        if page.evaluate("document.activeElement?.dataset?.testid") == test_id:
+            return
+    raise AssertionError(f"{test_id} not reached with {most} presses of Tab")
+
+
+def test_every_page_fits_a_phone_and_an_approval_is_answered_with_the_keyboard(
+    served: Served, browser: Browser
+) -> None:
+    worker = served.asking_worker("pocket", "deploy " + "d" * 300)  # no place to break
+    approval = served.open_decision(worker)
+    until_state(served.api, worker, "waiting")
+    context = browser.new_context(viewport=PHONE, is_mobile=True, has_touch=True)
+    context.set_default_timeout(STEP_TIMEOUT_MS)
+    try:
+        page = context.new_page()
+        page.goto(f"{served.url}/console/login")
+        assert page.evaluate(OVERFLOW) <= 0, "login"
+        login(page, served.url, served.person_token)
+        for path in (
+            "/",
+            "/console/agents",
+            f"/console/agents/{worker}",
+            "/console/events",
+            "/console/databases",
+        ):
+            page.goto(f"{served.url}{path}")
+            expect(page.get_by_test_id("whoami")).to_have_text(PERSON)
+            assert page.evaluate(OVERFLOW) <= 0, f"{path} is wider than a phone"
+
+        page.goto(f"{served.url}/")
+        expect(page.get_by_test_id(f"decision-{approval['id']}")).to_be_visible()
+        tab_to(page, f"decision-{approval['id']}-why")
+        page.keyboard.type("checked on my phone")
+        tab_to(page, f"decision-{approval['id']}-answer-approve")
+        page.keyboard.press("Enter")
+        expect(page.get_by_test_id(f"history-{approval['id']}-by")).to_have_text(PERSON)
+        expect(page.get_by_test_id(f"history-{approval['id']}-why")).to_have_text(
+            "checked on my phone"
+        )
+        assert served.decision(approval["id"])["answer"] == "approve"
+    finally:
+        context.close()

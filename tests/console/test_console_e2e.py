@@ -26,7 +26,11 @@ def test_log_in_and_answer_an_approval_on_a_real_daemon(tmp_path: Path) -> None:
         decision = asked.json()["decision"]
 
         with httpx.Client(base_url=daemon.url, timeout=WAIT_BOUND_S) as browser:
-            login = browser.post("/console/login", data={"token": daemon.token, "next": "/"})
+            login = browser.post(
+                "/console/login",
+                data={"token": daemon.token, "next": "/"},
+                headers={"origin": daemon.url},
+            )
             assert login.status_code == 303, login.text
             home = browser.get("/")
             assert home.status_code == 200

@@ -79,7 +79,7 @@ class Console:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and is_console_path(scope["path"]):
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, _with_headers(send))
             return
         await self.api_app(scope, receive, send)
 
@@ -171,7 +171,7 @@ class Console:
         )
 
     async def _login(self, request: Request) -> Response:
-        check_origin(request)
+        check_origin(request, vouched=True)  # login CSRF: no session's form token yet
         form = await read_form(request)
         token = form.get("token", "").strip()
         target = _next_of(form.get("next"))
@@ -277,6 +277,24 @@ class View:
         if wanted is not None and fragments and wanted in fragments:
             template = fragments[wanted]
         return self.console.render(self.request, template, context, session=self.session)
+
+
+_RAW_HEADERS: Final = [(k.lower().encode(), v.encode()) for k, v in HEADERS.items()]
+
+
+def _with_headers(send: Send) -> Send:
+    """``send`` that adds the security headers an answer lacks: also to the answers no
+    console handler makes (a method a route does not take, 405, answered by the router)."""
+
+    async def sending(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            headers = list(message.get("headers", []))
+            present = {name.lower() for name, _ in headers}
+            headers += [(k, v) for k, v in _RAW_HEADERS if k not in present]
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return sending
 
 
 def is_console_path(path: str) -> bool:

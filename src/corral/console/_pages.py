@@ -31,6 +31,8 @@ HISTORY_SHOWN: Final = 50
 AGENTS_SHOWN: Final = 5_000
 EVENTS_SHOWN: Final = 200
 EVENTS_SCANNED: Final = 5_000
+OUTPUT_SHOWN: Final = 20_000
+"""Characters of an agent's last output on its (live) page; its turn's page has it all."""
 STATES: Final = ("running", "waiting", "idle", "blocked", "paused", "failed", "stopped")
 
 _BUDGET_FIELDS: Final = {"maxTokens": int, "maxCostUsd": float, "maxTurns": int, "deadlineS": float}
@@ -182,11 +184,14 @@ async def agent(request: Request, view: View) -> Response:
     last = api.service.store.state.last_seq
     events = await api.events(max(0, last - EVENTS_SCANNED), agent_id, limit=1000)
     shown = [_event_row(e.to_dict()) for e in events[-100:]][::-1]
+    output = record.get("lastOutput") or ""
     return view.render(
         "agent.html",
         {
             "agent": record,
             "spec": json.dumps(record.get("spec") or {}, indent=2, ensure_ascii=False),
+            "output": output[:OUTPUT_SHOWN],
+            "outputChars": len(output),
             "messages": session.get("messages", []),
             "history": session.get("history"),
             "inbox": inbox,

@@ -42,12 +42,17 @@ def own_origin(request: Request) -> str:
     return f"{request.url.scheme}://{host}".lower()
 
 
-def check_origin(request: Request) -> None:
+def check_origin(request: Request, *, vouched: bool = False) -> None:
     """A state-changing request must come from a console page of this very origin: an
     ``Origin`` header naming another (another site, another port of the same host, a DNS
     name rebound here) is refused, as is a browser's ``Sec-Fetch-Site`` saying cross-site.
-    SameSite cookies alone would not do: every port of ``localhost`` is the same site."""
+    SameSite cookies alone would not do: every port of ``localhost`` is the same site.
+
+    With ``vouched`` (the login, which has no session's form token to check) one of the two
+    headers must be there to say so: every current browser sends ``Origin`` with a POST."""
     origin = request.headers.get("origin")
+    if vouched and origin is None and request.headers.get("sec-fetch-site") is None:
+        raise ForbiddenOriginError("(none: neither Origin nor Sec-Fetch-Site was sent)")
     if origin is not None:
         parts = urlsplit(origin)
         if origin == "null" or f"{parts.scheme}://{parts.netloc}".lower() != own_origin(request):

@@ -7,6 +7,7 @@
 // data-version are unchanged is kept as it is, so what someone is typing into an open
 // decision's reason field survives a refresh. After each refresh <body data-seq> holds the
 // seq of the last event the page has caught up with (for tests and the latency benchmark).
+// The tabs of one browser share one stream (see listen).
 (function () {
   "use strict";
 
@@ -76,17 +77,68 @@
       });
     }
 
-    var source = new EventSource("/console/stream");
-    source.addEventListener("hello", function (e) {
-      wanted = Number(JSON.parse(e.data).seq) || 0;
-      document.body.dataset.seq = String(wanted);
+    function hello(seq) {
+      // The stream (re)opened: the page may have missed events before it, so it catches up.
+      wanted = Math.max(wanted, seq);
       if (status) { status.textContent = "live"; }
-    });
-    source.addEventListener("change", function (e) {
-      wanted = Number(JSON.parse(e.data).seq) || wanted;
       refresh();
+    }
+    function change(seq) {
+      wanted = Math.max(wanted, seq);
+      refresh();
+    }
+    function trouble(closed) {
+      if (status) { status.textContent = "reconnecting"; }
+      if (closed) { refresh(); }  // a session that ended answers 401: back to the login page
+    }
+    listen(hello, change, trouble);
+  }
+
+  function seqOf(e) { return Number(JSON.parse(e.data).seq) || 0; }
+
+  function connect(hello, change, trouble) {
+    var source = new EventSource("/console/stream");
+    source.addEventListener("hello", function (e) { hello(seqOf(e)); });
+    source.addEventListener("change", function (e) { change(seqOf(e)); });
+    source.onerror = function () { trouble(source.readyState === EventSource.CLOSED); };
+    return source;
+  }
+
+  // The tabs of one browser share one stream: a browser opens at most 6 connections to a
+  // host over HTTP/1.1, so a stream per tab would leave a 7th tab unable to load. The tab
+  // holding a Web Lock keeps the stream and passes what it says to the others on a
+  // BroadcastChannel; when it closes, another tab takes the lock and opens the stream.
+  function listen(hello, change, trouble) {
+    if (!window.BroadcastChannel || !navigator.locks) { connect(hello, change, trouble); return; }
+    var name = "corral-console-stream", channel = new BroadcastChannel(name);
+    var leading = false, last = null;
+    channel.onmessage = function (m) {
+      var d = m.data || {};
+      if (d.kind === "ask") {
+        if (leading && last !== null) { channel.postMessage({ kind: "hello", seq: last }); }
+      } else if (d.kind === "hello") { hello(Number(d.seq) || 0); }
+      else if (d.kind === "change") { change(Number(d.seq) || 0); }
+      else if (d.kind === "trouble") { trouble(Boolean(d.closed)); }
+    };
+    channel.postMessage({ kind: "ask" });  // a tab already holding the stream says hello
+    navigator.locks.request(name, function () {
+      leading = true;
+      return new Promise(function (release) {
+        var source = connect(function (seq) {
+          last = seq;
+          channel.postMessage({ kind: "hello", seq: seq });
+          hello(seq);
+        }, function (seq) {
+          last = seq;
+          channel.postMessage({ kind: "change", seq: seq });
+          change(seq);
+        }, function (closed) {
+          channel.postMessage({ kind: "trouble", closed: closed });
+          trouble(closed);
+          if (closed) { leading = false; source.close(); release(); }
+        });
+      });
     });
-    source.onerror = function () { if (status) { status.textContent = "reconnecting"; } };
   }
 
   if (document.readyState === "loading") {
