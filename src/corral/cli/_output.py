@@ -5,9 +5,10 @@ programs. rich is imported on first use.
 
 import json
 import os
-import re
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn
+
+from corral.daemon._text import visible as visible  # shared with the console
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -21,29 +22,6 @@ STATE_STYLES = {
     "failed": "red",
     "stopped": "dim",
 }
-
-
-# What a terminal would act on rather than show: C0 and C1 controls (escape sequences, bells,
-# carriage returns, newlines), DEL, line separators and bidirectional overrides. Text from an
-# agent or a person is printed with these escaped, so it cannot rewrite the screen or forge a
-# line of output.
-# Lone surrogates too: no terminal encoding can print them.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def _escaped(found: "re.Match[str]") -> str:
-    char = found.group()
-    if char in _NAMED:
-        return _NAMED[char]
-    code = ord(char)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-
-
-def visible(text: str) -> str:
-    """``text`` with control characters shown as escapes (``\\x1b``, ``\\n``, ``\\u202e``):
-    for everything printed that came from an agent or a person."""
-    return _CONTROL.sub(_escaped, text)
 
 
 def say(text: str, *, err: bool = False) -> None:

@@ -91,6 +91,37 @@ def _surrogate_problem(value: str) -> str | None:
     return None if found is None else f"must not contain {_describe(found.group())}"
 
 
+# What a terminal (or a page) would act on rather than show: C0 and C1 controls (escape
+# sequences, bells, carriage returns, newlines), DEL, line separators and bidirectional
+# overrides, and lone surrogates (no encoding can print them). Text from an agent or a person is
+# shown with these escaped, so it cannot rewrite the screen, forge a line or reorder what is
+# around it.
+_SHOWN_ESCAPED = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+_SHOWN_ESCAPED_IN_LINES = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped(found: re.Match[str]) -> str:
+    char = found.group()
+    if char in _NAMED:
+        return _NAMED[char]
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def visible(text: str, *, lines: bool = False) -> str:
+    """``text`` with control characters shown as escapes (``\\x1b``, ``\\n``, ``\\u202e``):
+    for everything shown that came from an agent or a person (the command line prints it,
+    the console renders it). With ``lines``, newlines and tabs are kept as they are (text
+    for a ``<pre>``); a carriage return is still escaped (it would hide what it returns
+    over)."""
+    return (_SHOWN_ESCAPED_IN_LINES if lines else _SHOWN_ESCAPED).sub(_escaped, text)
+
+
 def escape(text: str) -> str:
     """``text`` as it is stored: every lone surrogate and NUL replaced by U+FFFD."""
     return _UNSTORABLE.sub(REPLACEMENT, text)
