@@ -30,6 +30,7 @@ from corral.daemon._api import ScopedService
 from corral.daemon._auth import Caller, sendable
 from corral.daemon._callers import Callers
 from corral.daemon._status import http_status
+from corral.daemon._text import visible
 from corral.kernel import SYSTEM_CLOCK, Clock, CorralError, InvalidArgumentError
 
 logger = logging.getLogger("corral.console")
@@ -358,4 +359,12 @@ def _templates() -> jinja2.Environment:
     )
     env.filters["json"] = _pages.pretty_json
     env.filters["when"] = _pages.when
+    env.filters["visible"] = _visible
     return env
+
+
+def _visible(value: Any, lines: bool = False) -> str:
+    """Text from an agent with its control characters shown as escapes (``\\x1b[31m``),
+    newlines and tabs kept with ``lines`` (for a ``<pre>``); escaped as HTML after, as every
+    value is."""
+    return visible("" if value is None else str(value), lines=lines)

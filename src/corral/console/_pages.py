@@ -13,6 +13,7 @@ from urllib.parse import quote
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from corral.console import _turn
 from corral.console._errors import FormInvalidError
 from corral.daemon import _listing
 from corral.daemon._errors import AgentNotFoundError, InvalidRequestError, TurnNotFoundError
@@ -96,7 +97,10 @@ async def agents(request: Request, view: View) -> Response:
             [{"field": "state", "message": f"one of {', '.join(STATES)}, got {state[:40]!r}"}]
         )
     search = (request.query_params.get("q") or "").strip()[:200]
-    summaries = _all_agents(view)
+    run_filter = _listing.check_filter(
+        "run", (request.query_params.get("run") or "").strip() or None
+    )
+    summaries = _all_agents(view, run=run_filter)
     by_id = {s["id"]: s for s in summaries}
     runs: list[Json] = []
     seen_runs: set[str] = set()
@@ -128,6 +132,7 @@ async def agents(request: Request, view: View) -> Response:
             "states": STATES,
             "state": state,
             "q": search,
+            "run": run_filter or "",
             "total": len(summaries),
             "truncated": len(summaries) >= AGENTS_SHOWN,
         },
@@ -135,11 +140,11 @@ async def agents(request: Request, view: View) -> Response:
     )
 
 
-def _all_agents(view: View) -> list[Json]:
+def _all_agents(view: View, *, run: str | None = None) -> list[Json]:
     found: list[Json] = []
     cursor = None
     while len(found) < AGENTS_SHOWN:
-        page = view.api.list_page(limit=1000, cursor=cursor)
+        page = view.api.list_page(limit=1000, cursor=cursor, run=run)
         found.extend(page["agents"])
         cursor = page.get("nextCursor")
         if cursor is None:
@@ -213,7 +218,17 @@ async def turn(request: Request, view: View) -> Response:
     found = await api.service.turn_book.get(record["id"], n) if 1 <= n < 2**31 else None
     if found is None:
         raise TurnNotFoundError(record["id"], n)
-    return view.render("turn.html", {"agent": record, "turn": found, "n": n})
+    return view.render(
+        "turn.html",
+        {
+            "agent": record,
+            "turn": _turn.view(found),
+            "n": n,
+            "previous": n - 1 if n > 1 else None,
+            "next": n + 1 if n < int(record.get("turns") or 0) else None,
+            "shown": {"output": _turn.OUTPUT_SHOWN, "lines": _turn.LOG_LINES_SHOWN},
+        },
+    )
 
 
 async def command(request: Request, view: View, form: dict[str, str]) -> Response:
