@@ -262,7 +262,10 @@ def test_the_agents_and_events_pages_show_the_team(served: Served, person: Page)
     page = person
     lead = served.spawn(name="lead", command=["true"])
     indexer = served.spawn(
-        name="indexer", command=["echo", "indexed 42 files"], prompt="index", parent=lead
+        name="indexer",
+        command=["sh", "-c", "echo indexed 42 files; echo disk almost full >&2"],
+        prompt="index",
+        parent=lead,
     )
     served.spawn(name="fetcher", command=["true"], parent=lead)
     until_state(served.api, indexer, "idle")
@@ -281,6 +284,19 @@ def test_the_agents_and_events_pages_show_the_team(served: Served, person: Page)
     expect(events).to_contain_text("indexed 42 files")
     expect(events).not_to_contain_text("agent.created")
     shoot(page, served.shots, "events")
+
+    # An agent's turn, its log line by line (stderr stands apart), then its run's tree.
+    page.goto(f"{served.url}/console/agents/{indexer}/turns/1")
+    expect(page.get_by_test_id("turn-outcome")).to_have_text("succeeded")
+    log = page.get_by_test_id("turn-log")
+    out = log.locator("li[data-stream=stdout]", has_text="indexed 42 files")
+    err = log.locator("li[data-stream=stderr]", has_text="disk almost full")
+    background = "e => getComputedStyle(e).backgroundColor"
+    assert out.evaluate(background) != err.evaluate(background)
+    page.get_by_test_id("turn-back").click()
+    page.get_by_test_id("agent-run").click()
+    expect(page.get_by_test_id(f"agent-{indexer}")).to_be_visible()
+    expect(page.get_by_test_id("agents-filter-run")).not_to_have_value("")
 
 
 # --- forged requests ---------------------------------------------------------------------------
@@ -395,6 +411,7 @@ def test_every_page_fits_a_phone_and_an_approval_is_answered_with_the_keyboard(
             "/",
             "/console/agents",
             f"/console/agents/{worker}",
+            f"/console/agents/{worker}/turns/1",
             "/console/events",
             "/console/databases",
         ):
