@@ -35,6 +35,8 @@ def test_make_run_team_shows_each_policy(tmp_path: Path) -> None:
     import signal
     import time
 
+    import httpx
+
     # No token given, as `make run` gives none: the daemon makes .corral/token, which the
     # team script and the command line (run in the same directory) read by themselves.
     env = {k: v for k, v in os.environ.items() if k not in ("CORRAL_TOKEN", "CORRAL_HOME")}
@@ -49,12 +51,20 @@ def test_make_run_team_shows_each_policy(tmp_path: Path) -> None:
     )
     assert proc.stdout is not None
     try:
-        url = ""
+        url = console = ""
         deadline = time.monotonic() + 20
-        while not url and time.monotonic() < deadline:
-            match = re.search(r"listening on (http://\S+)", proc.stdout.readline())
-            url = match.group(1) if match else ""
+        while not (url and console) and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            match = re.search(r"listening on (http://\S+)", line)
+            url = match.group(1) if match else url
+            match = re.search(r"^console: (http://\S+)", line)
+            console = match.group(1) if match else console
         assert url, "the daemon did not say where it listens"
+        assert console == f"{url}/", "make run did not print the console's address"
+        # The console answers there: its login page, for a browser with no session yet.
+        login = httpx.get(console, follow_redirects=True, timeout=20)
+        assert login.status_code == 200, login.text
+        assert 'data-testid="login-form"' in login.text
         token_file = tmp_path / ".corral" / "token"
         assert token_file.stat().st_mode & 0o777 == 0o600
         elsewhere = tmp_path / "elsewhere"
