@@ -19,14 +19,12 @@ from corral.cli._options import AgentArg, json_option, target
 from corral.cli._output import print_json, say, visible, write_line
 
 if TYPE_CHECKING:
-    import httpx
+    pass
 
 EXIT_CODES = {"succeeded": 0, "failed": 10, "interrupted": 11}
 """``prompt --wait``: 0 the turn succeeded, 10 it failed, 11 it was interrupted (the agent
 stopped, its stalled turn restarted, the daemon restarted). Refusals keep their codes (2 for
 bad input or a 4xx answer, 1 otherwise)."""
-
-_SEG_SAFE = ""
 
 
 def logs(
@@ -76,7 +74,7 @@ def logs(
         return
 
     async def fetch(api: Any) -> Any:
-        return await api._call("GET", f"/agents/{_seg(agent_id)}/logs", params=params)
+        return await api.logs(agent_id, **params)
 
     answer = call(conn, fetch)
     for line in answer.get("lines", []) if isinstance(answer, dict) else []:
@@ -104,12 +102,11 @@ def prompt_and_wait(
         if not isinstance(number, int):
             # A replayed answer of a daemon from before answers carried the turn: its latest.
             number = int((await api.get(real_id)).get("turns") or 1)
-        path = f"/agents/{_seg(real_id)}/turns/{number}"
         while True:
             # The stream of that turn ends when it does (at once when it is over already).
             async for _ in _follow(conn, real_id, {"turn": number, "tail": 0}):
                 pass
-            record: dict[str, Any] = await api._call("GET", path)
+            record: dict[str, Any] = await api.turn(real_id, number)
             if record.get("outcome") not in (None, "running"):
                 return record
 
@@ -130,58 +127,10 @@ async def _follow(
 ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     """The SSE stream of ``GET /agents/{id}/logs?follow=true``: ``("log", line)`` and
     ``("turn", {turn, event, outcome})`` until the daemon ends it."""
-    import httpx
+    from corral.daemon._client import path_segment, read_stream
 
-    from corral.daemon._client import DaemonUnreachableError, error_from_answer
-
-    headers = {"Accept": "text/event-stream"}
-    token = conn.token
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    query = {**params, "follow": "true"}
-    async with httpx.AsyncClient(
-        base_url=conn.url, headers=headers, timeout=httpx.Timeout(30.0, read=120.0)
-    ) as client:
-        try:
-            async with client.stream(
-                "GET", f"/agents/{_seg(agent_id)}/logs", params=query
-            ) as response:
-                if response.is_error:
-                    await response.aread()
-                    try:
-                        answer: Any = response.json()
-                    except ValueError:
-                        answer = response.text
-                    raise error_from_answer(response.status_code, answer)
-                async for kind, item in _sse(response):
-                    yield kind, item
-        except httpx.TransportError as exc:
-            raise DaemonUnreachableError(conn.url, str(exc) or type(exc).__name__) from exc
-
-
-async def _sse(response: "httpx.Response") -> AsyncIterator[tuple[str, dict[str, Any]]]:
-    data: list[str] = []
-    kind = "message"
-    async for line in response.aiter_lines():
-        if not line:
-            if data:
-                with suppress(ValueError):
-                    found = json.loads("\n".join(data))
-                    if isinstance(found, dict):
-                        yield kind, found
-            data, kind = [], "message"
-            continue
-        if line.startswith(":"):
-            continue
-        name, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if name == "data":
-            data.append(value)
-        elif name == "event":
-            kind = value
-
-
-def _seg(agent_id: str) -> str:
-    from urllib.parse import quote
-
-    return quote(agent_id, safe=_SEG_SAFE).replace(".", "%2E")
+    path = f"/agents/{path_segment(agent_id)}/logs"
+    async for kind, item in read_stream(
+        conn.url, path, token=conn.token, params={**params, "follow": "true"}
+    ):
+        yield kind, item

@@ -257,7 +257,7 @@ class HttpApi:
     ) -> Json:
         v.non_empty_str("prompt", "agent_id", agent_id)
         body = _command({"text": text, "by": by, "why": why, "idempotencyKey": idempotency_key})
-        return dict(await self._call("POST", f"/agents/{_seg(agent_id)}/prompt", body))
+        return dict(await self._call("POST", f"/agents/{path_segment(agent_id)}/prompt", body))
 
     async def stop(
         self,
@@ -274,7 +274,7 @@ class HttpApi:
             body["now"] = True
         if keep_children:
             body["keepChildren"] = True
-        return dict(await self._call("POST", f"/agents/{_seg(agent_id)}/stop", body))
+        return dict(await self._call("POST", f"/agents/{path_segment(agent_id)}/stop", body))
 
     async def restart(
         self,
@@ -285,7 +285,7 @@ class HttpApi:
     ) -> Json:
         v.non_empty_str("restart", "agent_id", agent_id)
         body = _command({"by": by, "why": why, "idempotencyKey": idempotency_key})
-        return dict(await self._call("POST", f"/agents/{_seg(agent_id)}/restart", body))
+        return dict(await self._call("POST", f"/agents/{path_segment(agent_id)}/restart", body))
 
     async def delete(
         self,
@@ -296,7 +296,7 @@ class HttpApi:
     ) -> Json:
         v.non_empty_str("delete", "agent_id", agent_id)
         body = _command({"by": by, "why": why, "idempotencyKey": idempotency_key})
-        return dict(await self._call("DELETE", f"/agents/{_seg(agent_id)}", body))
+        return dict(await self._call("DELETE", f"/agents/{path_segment(agent_id)}", body))
 
     async def budget(
         self,
@@ -313,7 +313,7 @@ class HttpApi:
             "budget": dict(budget),
             **_command({"by": by, "why": why, "idempotencyKey": idempotency_key}),
         }
-        return dict(await self._call("PATCH", f"/agents/{_seg(agent_id)}", body))
+        return dict(await self._call("PATCH", f"/agents/{path_segment(agent_id)}", body))
 
     async def patch(
         self,
@@ -330,11 +330,11 @@ class HttpApi:
             **dict(changes),
             **_command({"by": by, "why": why, "idempotencyKey": idempotency_key}),
         }
-        return dict(await self._call("PATCH", f"/agents/{_seg(agent_id)}", body))
+        return dict(await self._call("PATCH", f"/agents/{path_segment(agent_id)}", body))
 
     async def get(self, agent_id: str) -> Json:
         v.non_empty_str("get", "agent_id", agent_id)
-        return dict(await self._call("GET", f"/agents/{_seg(agent_id)}"))
+        return dict(await self._call("GET", f"/agents/{path_segment(agent_id)}"))
 
     async def list_agents(self, **filters: str | None) -> list[Json]:
         found: list[Json] = []
@@ -359,7 +359,7 @@ class HttpApi:
 
     async def run(self, run_id: str) -> Json:
         v.non_empty_str("run", "run_id", run_id)
-        return dict(await self._call("GET", f"/runs/{_seg(run_id)}"))
+        return dict(await self._call("GET", f"/runs/{path_segment(run_id)}"))
 
     async def stop_run(
         self,
@@ -370,15 +370,28 @@ class HttpApi:
     ) -> Json:
         v.non_empty_str("stop_run", "run_id", run_id)
         body = _command({"by": by, "why": why, "idempotencyKey": idempotency_key})
-        return dict(await self._call("POST", f"/runs/{_seg(run_id)}/stop", body))
+        return dict(await self._call("POST", f"/runs/{path_segment(run_id)}/stop", body))
 
     async def inbox(self, agent_id: str) -> list[Json]:
         v.non_empty_str("inbox", "agent_id", agent_id)
-        return _items(await self._call("GET", f"/agents/{_seg(agent_id)}/inbox"), "notices")
+        return _items(await self._call("GET", f"/agents/{path_segment(agent_id)}/inbox"), "notices")
 
     async def session(self, agent_id: str) -> Json:
         v.non_empty_str("session", "agent_id", agent_id)
-        return dict(await self._call("GET", f"/agents/{_seg(agent_id)}/session"))
+        return dict(await self._call("GET", f"/agents/{path_segment(agent_id)}/session"))
+
+    async def turn(self, agent_id: str, turn: int) -> Json:
+        """``GET /agents/{id}/turns/{n}``: one turn's record with its output and log."""
+        v.non_empty_str("turn", "agent_id", agent_id)
+        v.positive_int("turn", "turn", turn)
+        return dict(await self._call("GET", f"/agents/{path_segment(agent_id)}/turns/{turn}"))
+
+    async def logs(self, agent_id: str, **params: Any) -> Json:
+        """``GET /agents/{id}/logs`` with its query (``turn``, ``turns``, ``tail``,
+        ``format``) as keywords: the last turns' log lines."""
+        v.non_empty_str("logs", "agent_id", agent_id)
+        query = {k: value for k, value in params.items() if value is not None}
+        return dict(await self._call("GET", f"/agents/{path_segment(agent_id)}/logs", params=query))
 
     async def decisions(self, resolved: bool = False) -> list[Json]:
         params = {"resolved": "true"} if resolved else None
@@ -386,7 +399,7 @@ class HttpApi:
 
     async def decision(self, decision_id: str) -> Json:
         v.non_empty_str("decision", "decision_id", decision_id)
-        return dict(await self._call("GET", f"/decisions/{_seg(decision_id)}"))
+        return dict(await self._call("GET", f"/decisions/{path_segment(decision_id)}"))
 
     async def answer(
         self,
@@ -410,7 +423,7 @@ class HttpApi:
                 "idempotencyKey": idempotency_key,
             }
         )
-        return dict(await self._call("POST", f"/decisions/{_seg(decision_id)}", body))
+        return dict(await self._call("POST", f"/decisions/{path_segment(decision_id)}", body))
 
     async def check_action(
         self,
@@ -423,13 +436,13 @@ class HttpApi:
         (verdict ``pending`` when a person has not answered within ``wait_s``)."""
         v.non_empty_str("check_action", "agent_id", agent_id)
         body = _command({"action": action, "context": context, "waitS": wait_s})
-        path = f"/agents/{_seg(agent_id)}/actions"
+        path = f"/agents/{path_segment(agent_id)}/actions"
         return dict(await self._call("POST", path, body, wait_s=wait_s))
 
     async def action_verdict(self, decision_id: str, wait_s: float = 0.0) -> Json:
         """The verdict of the check that opened ``decision_id``, waiting up to ``wait_s``."""
         v.non_empty_str("action_verdict", "decision_id", decision_id)
-        path = f"/actions/{_seg(decision_id)}"
+        path = f"/actions/{path_segment(decision_id)}"
         return dict(await self._call("GET", path, params={"waitS": wait_s}, wait_s=wait_s))
 
     async def db_targets(self) -> list[Json]:
@@ -447,11 +460,11 @@ class HttpApi:
     async def _agent_path(self, agent_id: str, target: str | None, tail: str = "") -> str:
         v.non_empty_str("gateway", "agent_id", agent_id)
         name = await self._target(target)
-        return f"/gateway/{_seg(name)}/agents/{_seg(agent_id)}{tail}"
+        return f"/gateway/{path_segment(name)}/agents/{path_segment(agent_id)}{tail}"
 
     async def db_schema(self, target: str | None = None) -> Json:
         name = await self._target(target)
-        return dict(await self._call("GET", f"/gateway/{_seg(name)}/schema"))
+        return dict(await self._call("GET", f"/gateway/{path_segment(name)}/schema"))
 
     async def db_query(
         self, agent_id: str, request: Mapping[str, Any], target: str | None = None
@@ -500,7 +513,7 @@ class HttpApi:
     async def revoke_token(self, name: str) -> Json:
         """Revoke the live token ``name``; its record, with ``revokedAt`` and ``revokedBy``."""
         v.non_empty_str("revoke_token", "name", name)
-        return dict(await self._call("DELETE", f"/tokens/{_seg(name)}"))
+        return dict(await self._call("DELETE", f"/tokens/{path_segment(name)}"))
 
     async def events(
         self, after: int = 0, agent: str | None = None, limit: int = 1000
@@ -537,7 +550,7 @@ class HttpApi:
         return events, scanned
 
 
-def _seg(agent_id: str) -> str:
+def path_segment(agent_id: str) -> str:
     # Agent ids are a_ + hex; anything else is quoted so it cannot change the route (dots
     # too: a client would resolve a "." or ".." segment before sending).
     return quote(agent_id, safe="").replace(".", "%2E")
@@ -635,15 +648,65 @@ async def follow_events(
             await clock.sleep(delay_s)
 
 
+async def read_stream(
+    url: str,
+    path: str,
+    *,
+    token: str | None = None,
+    params: Mapping[str, Any] | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+    read_timeout_s: float | None = 120.0,
+) -> AsyncGenerator[tuple[str, Json], None]:
+    """One server-sent event stream of the daemon (``GET path``, no reconnecting), as
+    ``(event type, data)`` for each message whose data is a JSON object (others are
+    skipped), until the daemon ends it. An error answer raises the daemon's error class;
+    no answer, or a dropped stream, :class:`DaemonUnreachableError`."""
+    base = _base_url(url, "read_stream")
+    async with httpx.AsyncClient(
+        base_url=base,
+        headers={**_headers(token), "Accept": "text/event-stream"},
+        transport=transport,
+        timeout=httpx.Timeout(30.0, read=read_timeout_s),
+        verify=tls_for(base),
+    ) as client:
+        try:
+            async with client.stream("GET", path, params=params) as response:
+                if response.is_error:
+                    await response.aread()
+                    try:
+                        answer: Any = response.json()
+                    except ValueError:
+                        answer = response.text
+                    raise error_from_answer(response.status_code, answer)
+                async for frame in _frames(response.aiter_lines()):
+                    if isinstance(frame, int):
+                        continue
+                    try:
+                        found = json.loads(frame[2])
+                    except ValueError:
+                        continue
+                    if isinstance(found, dict):
+                        yield frame[1], found
+        except httpx.TransportError as exc:
+            raise DaemonUnreachableError(base, _reason(exc)) from exc
+
+
 async def _sse(lines: AsyncIterator[str]) -> AsyncIterator[Event | int]:
-    """Events of a ``text/event-stream`` (and ``retry:`` hints in ms, as ints)."""
+    """Events of ``GET /events`` (and ``retry:`` hints in ms, as ints)."""
+    async for frame in _frames(lines):
+        yield frame if isinstance(frame, int) else _event(*frame)
+
+
+async def _frames(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str | None, str, str] | int]:
+    """The messages of a ``text/event-stream`` as ``(id, event type, data)``, and its
+    ``retry:`` hints in ms, as ints; comments (the daemon's heartbeats) are skipped."""
     data: list[str] = []
     event_type = "message"
     event_id: str | None = None
     async for line in lines:
         if not line:
             if data:
-                yield _event(event_id, event_type, "\n".join(data))
+                yield event_id, event_type, "\n".join(data)
             data, event_type, event_id = [], "message", None
             continue
         if line.startswith(":"):
