@@ -25,8 +25,10 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# Two workers, a test file each (pytest-xdist): the suite mostly waits on real daemons,
+# databases and a browser, so two halve its time on this 2-core machine.
 test: lint
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist loadfile
 
 # The property-based suites with many more examples than `make test` runs: the HTTP API
 # fuzzed from its OpenAPI document (schemathesis), the stores, the gateway's verdicts on
