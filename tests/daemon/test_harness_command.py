@@ -315,6 +315,40 @@ async def test_cancellation_kills_the_group_and_propagates(tmp_path: Path) -> No
     assert not (req.state_dir / PID_FILE).exists()
 
 
+async def test_a_cancellation_while_the_launcher_starts_still_ends_its_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stop right after a prompt can cancel the turn while asyncio is still connecting to
+    # the launcher, which may have started the command (in a session of its own) already.
+    req = request(tmp_path, "family", timeout_s=30)
+    loop = asyncio.get_running_loop()
+    real = loop.subprocess_exec
+    connecting, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_to_connect(*args: Any, **kwargs: Any) -> Any:
+        started = await real(*args, **kwargs)
+        connecting.set()
+        await release.wait()  # the cancellation lands here, before the start returns
+        return started
+
+    monkeypatch.setattr(loop, "subprocess_exec", slow_to_connect)
+    task = asyncio.ensure_future(CommandHarness().run_turn(req))
+    await asyncio.wait_for(connecting.wait(), 20)
+    await settle(lambda: (req.workdir / "pids.json").exists())
+    pids = read_pids(req.workdir)
+    task.cancel()
+    await asyncio.sleep(0)  # delivered, while the start has not returned
+    release.set()
+    try:
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 60)
+        await settle(lambda: gone(pids["child"]) and gone(pids["grandchild"]))
+    finally:
+        for pid in pids.values():
+            kill_quietly(pid)
+    assert not (req.state_dir / PID_FILE).exists()
+
+
 async def test_leftovers_in_the_group_are_killed_when_the_command_exits(tmp_path: Path) -> None:
     req = request(tmp_path, "orphan")
     result = await CommandHarness().run_turn(req)

@@ -146,8 +146,8 @@ async def run_launched(
         log_max=limits.log_bytes if log is not None else 0,
     )
     launcher = launcher_command(args)
-    try:
-        transport, watch = await loop.subprocess_exec(
+    spawning = asyncio.ensure_future(
+        loop.subprocess_exec(
             lambda: _Launcher(loop),
             *launcher,
             stdin=subprocess.DEVNULL,
@@ -157,13 +157,29 @@ async def run_launched(
             env=dict(env),
             start_new_session=True,
         )
+    )
+    # Cancelled while the launcher starts (a stop right after a prompt), asyncio would kill
+    # the launcher alone, and the command it may have started already, in a session of its
+    # own, would run on with nobody to end it: let the start finish, then end both below.
+    cancelled = False
+    while not spawning.done():
+        try:
+            await asyncio.wait({spawning})
+        except asyncio.CancelledError:
+            cancelled = True
+    try:
+        transport, watch = spawning.result()
     except OSError as exc:
         files.remove()
+        if cancelled:
+            raise asyncio.CancelledError from None
         raise not_started(launcher[:1], cwd, exc) from None
     launcher_pid = transport.get_pid()
     timed_out = False
     tail = _log_tail(files, limits, log)
     try:
+        if cancelled:
+            raise asyncio.CancelledError
         async with following(tail, LOG_POLL_S):
             timed_out = not await timer.wait(watch.exited)
         if timed_out:
