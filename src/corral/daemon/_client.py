@@ -603,13 +603,7 @@ async def follow_events(
     delay_s = reconnect_after_s
     tries = 0  # reconnect attempts since the last connection the daemon answered
     connected_once = False
-    async with httpx.AsyncClient(
-        base_url=base,
-        headers={**_headers(token), "Accept": "text/event-stream"},
-        transport=transport,
-        timeout=httpx.Timeout(30.0, read=read_timeout_s),
-        verify=tls_for(base),
-    ) as client:
+    async with _stream_client(base, token, transport, read_timeout_s) as client:
         while True:
             headers = {"Last-Event-ID": str(last)} if last is not None else {}
             answered = False
@@ -619,12 +613,7 @@ async def follow_events(
                     "GET", "/events", params=params, headers=headers
                 ) as response:
                     if response.is_error:
-                        await response.aread()
-                        try:
-                            answer: Any = response.json()
-                        except ValueError:
-                            answer = response.text
-                        raise error_from_answer(response.status_code, answer)
+                        raise await _stream_refusal(response)
                     connected_once = answered = True
                     async for item in _sse(response.aiter_lines()):
                         if isinstance(item, int):
@@ -662,22 +651,11 @@ async def read_stream(
     skipped), until the daemon ends it. An error answer raises the daemon's error class;
     no answer, or a dropped stream, :class:`DaemonUnreachableError`."""
     base = _base_url(url, "read_stream")
-    async with httpx.AsyncClient(
-        base_url=base,
-        headers={**_headers(token), "Accept": "text/event-stream"},
-        transport=transport,
-        timeout=httpx.Timeout(30.0, read=read_timeout_s),
-        verify=tls_for(base),
-    ) as client:
+    async with _stream_client(base, token, transport, read_timeout_s) as client:
         try:
             async with client.stream("GET", path, params=params) as response:
                 if response.is_error:
-                    await response.aread()
-                    try:
-                        answer: Any = response.json()
-                    except ValueError:
-                        answer = response.text
-                    raise error_from_answer(response.status_code, answer)
+                    raise await _stream_refusal(response)
                 async for frame in _frames(response.aiter_lines()):
                     if isinstance(frame, int):
                         continue
@@ -689,6 +667,33 @@ async def read_stream(
                         yield frame[1], found
         except httpx.TransportError as exc:
             raise DaemonUnreachableError(base, _reason(exc)) from exc
+
+
+def _stream_client(
+    base: str,
+    token: str | None,
+    transport: httpx.AsyncBaseTransport | None,
+    read_timeout_s: float | None,
+) -> httpx.AsyncClient:
+    """A client for the daemon's server-sent event streams at ``base``; a stream silent
+    for ``read_timeout_s`` seconds (None: never) is a dropped one."""
+    return httpx.AsyncClient(
+        base_url=base,
+        headers={**_headers(token), "Accept": "text/event-stream"},
+        transport=transport,
+        timeout=httpx.Timeout(30.0, read=read_timeout_s),
+        verify=tls_for(base),
+    )
+
+
+async def _stream_refusal(response: httpx.Response) -> CorralError:
+    """The error a stream's error answer stands for (its body read first)."""
+    await response.aread()
+    try:
+        answer: Any = response.json()
+    except ValueError:
+        answer = response.text
+    return error_from_answer(response.status_code, answer)
 
 
 async def _sse(lines: AsyncIterator[str]) -> AsyncIterator[Event | int]:

@@ -786,7 +786,8 @@ class AgentService:
                 except Exception:
                     logger.exception("agent %s: could not release its harness worker", one_id)
             shutil.rmtree(self._workdir(one_id).parent, ignore_errors=True)
-            # Rows went with the commit (delete_agent_data); this ends followers of its log.
+            # The stores with tables deleted its turn rows in the commit (delete_agent_data);
+            # this ends the followers of its log and clears a store without tables.
             await self.turn_book.delete(one_id)
         return result
 
