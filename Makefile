@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,bench,daemon,postgres,gateway,otel]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,bench,daemon,postgres,gateway,otel,pydantic-ai,openai-agents,langchain]'
 	touch $(STAMP)
 
 # The daemon on http://127.0.0.1:4600 (SQLite under .corral/) with the example team.
