@@ -424,7 +424,7 @@ class RecordingApi:
 
     sent: ClassVar[list[tuple[str, str | None]]] = []
 
-    def __init__(self, url: str, *, token: str | None = None) -> None:
+    def __init__(self, url: str, *, token: str | None = None, blocking: bool = False) -> None:
         self.sent.append((url, token))
 
     async def __aenter__(self) -> RecordingApi:

@@ -24,7 +24,7 @@ from corral import cli
 from corral.cli import _output
 from corral.cli._app import COMMANDS
 from corral.cli._lazy import build
-from corral.daemon._client import tls_for
+from corral.daemon._wire import tls_for
 from tests.support.front_door import BOUND_S, FrontDoor, running_daemon
 from tests.support.harness import fail
 from tests.support.polling import settle

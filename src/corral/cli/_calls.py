@@ -1,12 +1,14 @@
 """How a command reaches the daemon, and how a refusal ends it (message and exit code).
 
-Imports no typer, rich or httpx until a command runs: the package's ``__init__`` uses it.
+Imports no typer, rich or httpx until a command runs: the package's ``__init__`` uses it. A
+command that asks and prints the answer runs without an event loop, on the blocking wire
+(``http.client``): it imports neither asyncio nor httpx, a third of a second of a command's
+start on a small machine. Streams and waits that sleep run on asyncio and httpx (``loop``).
 """
 
-import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
 from corral.cli._exits import exit_code
 from corral.cli._output import say
@@ -85,14 +87,35 @@ def refusals() -> Iterator[None]:
         fail(exc)
 
 
-def call(target: Target, work: Callable[["HttpApi"], Awaitable[T]]) -> T:
-    """Run ``work`` with a client of the daemon at ``target``; a refusal ends the command."""
+def call(target: Target, work: Callable[["HttpApi"], Awaitable[T]], *, loop: bool = False) -> T:
+    """Run ``work`` with a client of the daemon at ``target``; a refusal ends the command.
+
+    ``work`` runs without an event loop, its requests blocking over ``http.client``, unless
+    ``loop``: then on asyncio, over httpx, for work that streams (server-sent events) or
+    sleeps between requests.
+    """
     from corral.daemon._client import HttpApi
 
-    async def run() -> T:
-        async with HttpApi(target.url, token=target.token) as api:
+    async def run(blocking: bool) -> T:
+        async with HttpApi(target.url, token=target.token, blocking=blocking) as api:
             return await work(api)
 
     with refusals():
-        return asyncio.run(run())
+        if loop:
+            import asyncio
+
+            return asyncio.run(run(False))
+        return drive(run(True))
     raise AssertionError("unreachable")  # pragma: no cover - refusals exits
+
+
+def drive(coroutine: Coroutine[Any, Any, T]) -> T:
+    """The result of ``coroutine``, run to its end without an event loop: it must never
+    suspend (its only awaits are the blocking wire's requests). One that does is a bug of
+    the command (it needs ``loop=True``) and raises ``RuntimeError``."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return cast(T, done.value)
+    coroutine.close()
+    raise RuntimeError("a command's work suspended without an event loop (it needs loop=True)")

@@ -185,7 +185,9 @@ def check(
         with refusals():
             details = _json_object("check", "--context", context, "a JSON object")
     deadline = None if wait is None else time.monotonic() + wait
-    verdict = call(target(ctx), lambda api: _check(api, agent, action, details, deadline))
+    verdict = call(
+        target(ctx), lambda api: _check(api, agent, action, details, deadline), loop=True
+    )
     if as_json:
         print_json(verdict)
         if verdict.get("verdict") != "allowed":

@@ -110,7 +110,7 @@ def prompt_and_wait(
             if record.get("outcome") not in (None, "running"):
                 return record
 
-    record = call(conn, run)
+    record = call(conn, run, loop=True)  # follows the turn's stream
     outcome = str(record.get("outcome"))
     if as_json:
         print_json(record)

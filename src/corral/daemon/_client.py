@@ -5,19 +5,28 @@ for its event stream, and the errors its answers stand for."""
 from __future__ import annotations
 
 import json
-import ssl
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
-
-import httpx
 
 from corral.daemon import _errors
 from corral.daemon._errors import DaemonError, UnknownTargetError
-from corral.daemon._events import Event
-from corral.daemon._targets import check_target_name
+from corral.daemon._wire import (
+    BlockingWire,
+    HttpxWire,
+    Wire,
+    WireError,
+    headers_for,
+    httpx_reason,
+    tls_for,
+)
 from corral.kernel import SYSTEM_CLOCK, Clock, CorralError, InvalidArgumentError
 from corral.kernel import _validate as v
+
+if TYPE_CHECKING:
+    import httpx
+
+    from corral.daemon._events import Event
 
 Json = dict[str, Any]
 
@@ -126,6 +135,8 @@ def page_args(after: Any, agent: Any, limit: Any) -> None:
 
 
 def _event_of(item: Mapping[str, Any]) -> Event:
+    from corral.daemon._events import Event  # not on a command line's start: only events need it
+
     return Event(
         seq=int(item["seq"]),
         ts=str(item.get("ts", "")),
@@ -145,20 +156,6 @@ def _base_url(url: Any, where: str) -> str:
     if not url.startswith(("http://", "https://")):
         raise InvalidArgumentError(where, "url", "an http:// or https:// URL", url)
     return str(url).rstrip("/")
-
-
-def tls_for(url: str) -> ssl.SSLContext | bool:
-    """httpx's ``verify`` for a client of ``url``: the CA certificates (loading them costs a
-    command line tens of milliseconds) for an https:// URL only. An http:// client gets a
-    context that verifies like the default one but trusts no CA: it never speaks TLS (its
-    requests go to the base URL, redirects are not followed), and if it did it would refuse."""
-    if url.startswith("https://"):
-        return True
-    return ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-
-
-def _headers(token: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def _command(fields: Mapping[str, Any]) -> Json:
@@ -190,21 +187,27 @@ class HttpApi:
         token: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         timeout_s: float = 30.0,
+        blocking: bool = False,
     ) -> None:
         self.url = _base_url(url, "HttpApi")
         v.non_empty_str("HttpApi", "token", token, optional=True)
-        v.instance_of("HttpApi", "transport", transport, (httpx.AsyncBaseTransport, type(None)))
         v.positive_number("HttpApi", "timeout_s", timeout_s)
-        self._client = httpx.AsyncClient(
-            base_url=self.url,
-            headers=_headers(token),
-            transport=transport,
-            timeout=timeout_s,
-            verify=tls_for(self.url),
-        )
+        v.instance_of("HttpApi", "blocking", blocking, bool)
+        self._wire: Wire
+        if blocking:
+            if transport is not None:
+                wanted = "None when blocking (http.client is the wire)"
+                raise InvalidArgumentError("HttpApi", "transport", wanted, transport)
+            self._wire = BlockingWire(self.url, token, timeout_s)
+        else:
+            if transport is not None:
+                import httpx
+
+                v.instance_of("HttpApi", "transport", transport, httpx.AsyncBaseTransport)
+            self._wire = HttpxWire(self.url, token, timeout_s, transport)
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._wire.aclose()
 
     async def __aenter__(self) -> HttpApi:
         return self
@@ -222,22 +225,18 @@ class HttpApi:
         wait_s: float = 0.0,
     ) -> Any:
         # A request that waits on the daemon's side (``waitS``) gets that much longer.
-        read_s = self._client.timeout.read
-        timeout: Any = httpx.USE_CLIENT_DEFAULT
-        if wait_s and read_s is not None:
-            timeout = httpx.Timeout(self._client.timeout.connect, read=read_s + wait_s)
         try:
-            response = await self._client.request(
-                method, path, json=body, params=params, timeout=timeout
+            status, content = await self._wire.request(
+                method, path, body, params=params, extra_s=wait_s
             )
-        except httpx.TransportError as exc:
-            raise DaemonUnreachableError(self.url, _reason(exc)) from exc
+        except WireError as exc:
+            raise DaemonUnreachableError(self.url, exc.reason) from exc
         try:
-            answer = response.json() if response.content else None
+            answer = json.loads(content) if content else None
         except ValueError:
-            answer = response.text
-        if response.is_error:
-            raise error_from_answer(response.status_code, answer)
+            answer = content.decode("utf-8", "replace")
+        if status >= 400:
+            raise error_from_answer(status, answer)
         return answer
 
     async def spawn(self, spec: Mapping[str, Any], idempotency_key: str | None = None) -> Json:
@@ -450,6 +449,8 @@ class HttpApi:
 
     async def _target(self, target: str | None) -> str:
         if target is not None:
+            from corral.daemon._targets import check_target_name
+
             check_target_name("gateway", target)
             return target
         names = [str(t["name"]) for t in await self.db_targets()]
@@ -556,14 +557,6 @@ def path_segment(agent_id: str) -> str:
     return quote(agent_id, safe="").replace(".", "%2E")
 
 
-def _reason(exc: httpx.TransportError) -> str:
-    if isinstance(exc, httpx.ConnectError):
-        return f"cannot connect: {exc}" if str(exc) else "connection refused"
-    if isinstance(exc, httpx.TimeoutException):
-        return "timed out"
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
 # --- server-sent events -----------------------------------------------------------------------
 
 
@@ -598,6 +591,8 @@ async def follow_events(
     v.non_negative_number("follow_events", "reconnect_after_s", reconnect_after_s)
     v.non_negative_int("follow_events", "max_reconnects", max_reconnects, optional=True)
     v.positive_number("follow_events", "read_timeout_s", read_timeout_s, optional=True)
+    import httpx
+
     params = {"agent": agent} if agent else {}
     last = after
     delay_s = reconnect_after_s
@@ -625,8 +620,8 @@ async def follow_events(
                         yield item
             except httpx.TransportError as exc:
                 if not connected_once:
-                    raise DaemonUnreachableError(base, _reason(exc)) from exc
-                reason = _reason(exc)
+                    raise DaemonUnreachableError(base, httpx_reason(exc)) from exc
+                reason = httpx_reason(exc)
             if answered:
                 tries = 0
             if max_reconnects is not None and tries >= max_reconnects:
@@ -650,6 +645,8 @@ async def read_stream(
     ``(event type, data)`` for each message whose data is a JSON object (others are
     skipped), until the daemon ends it. An error answer raises the daemon's error class;
     no answer, or a dropped stream, :class:`DaemonUnreachableError`."""
+    import httpx
+
     base = _base_url(url, "read_stream")
     async with _stream_client(base, token, transport, read_timeout_s) as client:
         try:
@@ -666,7 +663,7 @@ async def read_stream(
                     if isinstance(found, dict):
                         yield frame[1], found
         except httpx.TransportError as exc:
-            raise DaemonUnreachableError(base, _reason(exc)) from exc
+            raise DaemonUnreachableError(base, httpx_reason(exc)) from exc
 
 
 def _stream_client(
@@ -677,9 +674,11 @@ def _stream_client(
 ) -> httpx.AsyncClient:
     """A client for the daemon's server-sent event streams at ``base``; a stream silent
     for ``read_timeout_s`` seconds (None: never) is a dropped one."""
+    import httpx
+
     return httpx.AsyncClient(
         base_url=base,
-        headers={**_headers(token), "Accept": "text/event-stream"},
+        headers={**headers_for(token), "Accept": "text/event-stream"},
         transport=transport,
         timeout=httpx.Timeout(30.0, read=read_timeout_s),
         verify=tls_for(base),

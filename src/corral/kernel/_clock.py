@@ -6,7 +6,6 @@ logic is deterministic.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -49,10 +48,16 @@ class SystemClock:
     def now(self) -> datetime:
         return datetime.now(UTC)
 
+    # asyncio is imported where it is used: a command line that reads the clock should not
+    # pay for importing it (a tenth of a second on a small machine).
     async def sleep(self, seconds: float) -> None:
+        import asyncio
+
         await asyncio.sleep(max(0.0, seconds))
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> TimerHandle:
+        import asyncio
+
         return asyncio.get_running_loop().call_later(max(0.0, delay), callback)
 
     def __repr__(self) -> str:
