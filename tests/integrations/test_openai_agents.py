@@ -31,7 +31,7 @@ from agents.handoffs import Handoff
 from agents.items import TResponseOutputItem, TResponseStreamEvent
 from agents.models.interface import Model, ModelProvider
 from agents.retry import ModelRetryAdviceRequest
-from agents.testing import ScriptedModel, assistant_message, function_call
+from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
 from openai.types.responses.response_prompt_param import ResponsePromptParam
 
 from corral.gateway import Gateway
@@ -46,7 +46,7 @@ from corral.kernel import (
     ExecutionBudget,
     InvalidArgumentError,
 )
-from corral.runtime import Cancellation, FakeClock, ModelPrice
+from corral.runtime import CallNext, Cancellation, FakeClock, MiddlewareContext, ModelPrice
 
 Turn = Callable[[int, list[Any]], list[TResponseOutputItem]]
 
@@ -535,3 +535,63 @@ def test_supervising_an_agent_twice_changes_nothing() -> None:
         [runner.guardrail],
     ]
     assert runner.guarded(once.tools) == once.tools
+
+
+async def test_a_deadline_abandons_a_hanging_streamed_model_call() -> None:
+    clock = FakeClock()
+    runner = CorralRunner(budget=ExecutionBudget(deadline_s=30), clock=clock)
+    started, abandoned = asyncio.Event(), []
+
+    async def hangs(call: ModelCall) -> AsyncIterator[TResponseStreamEvent]:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            abandoned.append(call.streamed)
+            raise
+        nothing: tuple[TResponseStreamEvent, ...] = ()
+        for event in nothing:  # an async generator
+            yield event
+
+    agent = runner.agent(Agent(name="s", model=ScriptedModel([ModelStep.stream(hangs)])))
+    streamed = Runner.run_streamed(agent, "go", run_config=runner.run_config(quiet()))
+
+    async def consume() -> None:
+        async for _ in streamed.stream_events():
+            pass
+
+    consuming = asyncio.ensure_future(consume())
+    await started.wait()
+    clock.advance(30)
+    with pytest.raises(DeadlineExceededError):
+        await consuming
+    assert abandoned == [True]
+
+
+async def test_a_person_who_does_not_answer_in_time_refuses() -> None:
+    clock = FakeClock()
+    table, asked = Table(), asyncio.Event()
+    approval = HumanApproval({"delete_rows"}, lambda r: asked.set(), timeout_s=300, clock=clock)
+    runner = CorralRunner(supervisor=crew(approval), clock=clock)
+    model = FakeModel(calls_then_says("delete_rows", {"table": "users"}))
+    agent = Agent(name="ops", model=model, tools=table.tools())
+    run = asyncio.ensure_future(runner.run(agent, "clean up", run_config=quiet()))
+    await asyncio.wait_for(asked.wait(), 10)
+    clock.advance(300)
+    result = await run
+    assert table.deleted == []
+    assert "timed out after 300" in str(result.final_output)
+
+
+async def test_middlewares_see_each_tool_call_with_the_sdks_call_id() -> None:
+    seen: list[tuple[str | None, str | None]] = []
+
+    class Spy:
+        async def process(self, ctx: MiddlewareContext, call_next: CallNext) -> None:
+            seen.append((ctx.tool_name, ctx.tool_call_id))
+            await call_next()
+
+    runner = CorralRunner(middleware=[Spy()])
+    model = FakeModel(calls_then_says("search", {"query": "x"}))
+    await runner.run(Agent(name="a", model=model, tools=Table().tools()), "go", run_config=quiet())
+    assert seen == [("search", "call_1")]
