@@ -223,7 +223,9 @@ async def test_an_allowed_tool_call_runs() -> None:
     runner = CorralRunner(supervisor=crew(NoDeletes()))
     model = FakeModel(calls_then_says("search", {"query": "corral"}))
     result = await runner.run(
-        Agent(name="ops", model=model, tools=table.tools()), "find", run_config=quiet()
+        Agent(name="ops", model=model, tools=table.tools()),
+        "find",
+        run_config={"tracing_disabled": True},  # Runner.run takes a dict too
     )
     assert table.searches == 1
     assert result.final_output == "3 documents about corral"

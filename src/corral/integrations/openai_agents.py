@@ -12,7 +12,8 @@ rule where the SDK carries it best:
   run config's model provider (:class:`SupervisedModelProvider`); ``Model`` objects set on an
   agent are wrapped when the agent is (:meth:`CorralRunner.agent`).
 - **Tool calls: a tool input guardrail** (``ToolInputGuardrail`` named ``corral``) on every
-  function tool of the agent, its handoff targets and agents used as tools. It is the SDK's
+  function tool of the agent and of its handoff targets (an ``as_tool`` agent's call is
+  checked like any other tool's; the tools inside it, when it was supervised first). It is the SDK's
   own refusal path: a refused call answers ``reject_content`` with corral's reason, the tool
   does not run, the model reads the reason as the tool's output and the run goes on, and the
   verdict is kept in ``RunResult.tool_input_guardrail_results``. A guardrail may await, so a
@@ -384,11 +385,13 @@ class CorralRunner:
 
         Raises corral's ``RunError`` subclasses as themselves -- also when the SDK wrapped one
         raised on a tool's path -- and the SDK's own errors (``MaxTurnsExceeded``, ...) as the
-        SDK raises them. A model provider the runner made (no ``run_config`` given) is closed
-        after the run, as ``Runner.run`` does with its own.
+        SDK raises them. A model provider the run made (none given in ``run_config``, which may
+        be a ``RunConfig`` or a dict of its fields) is closed after it, as ``Runner.run`` does.
         """
         v.instance_of("CorralRunner.run", "agent", agent, Agent)
         given = options.pop("run_config", None)
+        # as Runner.run: the provider is the run's own (closed after it) unless one was given
+        owned = given is None or (isinstance(given, dict) and "model_provider" not in given)
         if isinstance(given, dict):
             given = RunConfig(**given)
         config = self.run_config(given)
@@ -403,7 +406,7 @@ class CorralRunner:
                 raise
             raise found from None
         finally:
-            if given is None:
+            if owned:
                 await config.model_provider.aclose()
 
     def run_config(self, base: RunConfig | None = None) -> RunConfig:
