@@ -275,9 +275,12 @@ class Oversight:
             return ctx.result  # type: ignore[no-any-return]
         return box[-1]
 
-    async def check_tool(self, name: str, arguments: Mapping[str, Any]) -> str | None:
+    async def check_tool(
+        self, name: str, arguments: Mapping[str, Any], *, call_id: str | None = None
+    ) -> str | None:
         """The refusal of a tool call as the model should read it, or None when it may run.
-        For frameworks whose hook checks before the call and runs the tool itself."""
+        For frameworks whose hook checks before the call and runs the tool itself; ``call_id``
+        is the framework's id of the call, handed to the middlewares as in :meth:`run_tool`."""
         ran = False
 
         async def probe() -> None:
@@ -285,7 +288,7 @@ class Oversight:
             ran = True
 
         try:
-            await self.run_tool(name, arguments, probe)
+            await self.run_tool(name, arguments, probe, call_id=call_id)
         except ToolRefused as exc:
             return exc.message
         return None if ran else "refused by a middleware"
