@@ -19,6 +19,7 @@ from corral.client import (
     ClientSettingError,
     Connection,
     DaemonRefusedError,
+    Turn,
     TurnRefusedError,
     connect,
 )
@@ -28,13 +29,13 @@ from corral.runtime import Cancellation, FakeClock, MiddlewareContext, Middlewar
 from tests.support.front_door import DAEMON_TOKEN, LOCAL_URL, FrontDoor, front_door
 from tests.support.polling import settle
 
-ASK_DEPLOY = {
+ASK_DEPLOY: dict[str, Any] = {
     "match": "deploy",
     "verdict": "ask",
     "reason": "deploys need a person",
     "timeoutS": 600,
 }
-RULES = [
+RULES: list[dict[str, Any]] = [
     ASK_DEPLOY,
     {"match": "drop table", "verdict": "block", "reason": "no schema changes"},
     {"match": "migrate", "verdict": "warn", "reason": "watch the lock time"},
@@ -101,7 +102,7 @@ def test_corral_connect_is_the_clients_and_import_corral_loads_no_httpx() -> Non
     )
     assert out.stdout.split() == ["False", "False"]
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
-        _ = corral.nothing  # type: ignore[attr-defined]
+        _ = corral.nothing
 
 
 # --- registering ------------------------------------------------------------------------------
@@ -188,11 +189,17 @@ async def test_an_exception_fails_the_turn_with_its_code_and_propagates(conn: Co
     class ToolCrashed(Exception):
         pass
 
-    with pytest.raises(ToolCrashed, match="the search tool crashed"):
+    turns: list[Turn] = []
+
+    async def crash() -> None:
         async with agent.turn("search") as turn:
+            turns.append(turn)
             turn.record(tokens=7)
             raise ToolCrashed("the search tool crashed")
-    report = turn.report
+
+    with pytest.raises(ToolCrashed, match="the search tool crashed"):
+        await crash()
+    report = turns[0].report
     assert report is not None
     assert report.outcome == "failed"
     assert report.error == "ToolCrashed: the search tool crashed"
@@ -290,7 +297,7 @@ async def test_check_action_answers_like_a_supervisor(conn: Connection) -> None:
     assert [w.reason for w in warned.warnings] == ["watch the lock time"]
     for args in (("", "x"), (agent.id, 3), (agent.id, "x", ["not", "a", "mapping"])):
         with pytest.raises(InvalidArgumentError):
-            await agent.check_action(*args)  # type: ignore[arg-type]
+            await agent.check_action(*args)
 
 
 async def test_a_person_approves_or_denies_while_the_check_waits(
