@@ -22,7 +22,7 @@ def example(doc: str, heading: str) -> str:
     text = (DOCS / doc).read_text()
     section = text.split(heading, 1)[1].split("\n## ", 1)[0]
     (block,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
-    return block
+    return str(block)
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from corral.client._turn import CANCELLED, Turn, TurnScope
 from corral.guard import GuardrailResult, GuardrailWarning, Severity
 from corral.kernel import InvalidArgumentError
 from corral.kernel import _validate as v
+from corral.runtime import Cancellation
 
 if TYPE_CHECKING:
     from corral.client._connection import Connection
@@ -46,6 +47,20 @@ class AgentHandle:
         self.id = str(record["id"]) if record is not None else ref
         self.name: str | None = None if record is None else record.get("name")
         self._path = f"/agents/{quote(self.id, safe='')}"
+        self._cancellation: Cancellation | None = None
+
+    @property
+    def cancellation(self) -> Cancellation:
+        """A ``corral.runtime.Cancellation`` cancelled when the daemon ends the agent
+        (stopped -- by a person, its parent, a run's stop -- or failed), its reason saying
+        so: hand it to what runs the agent (an adapter, ``Cancellation.wait``) so that a
+        ``corral stop`` stops the work too. The agent's event stream is followed from the
+        first access on (inside a running event loop) until then, or until the connection
+        closes; a daemon away is asked again meanwhile."""
+        if self._cancellation is None:
+            self._cancellation = Cancellation(clock=self.connection.wire.clock)
+            self.connection.follow(self.id, self._cancellation)
+        return self._cancellation
 
     def __repr__(self) -> str:
         return f"AgentHandle(id={self.id!r}, url={self.connection.url!r})"

@@ -3,6 +3,7 @@ which registers agents and hands out their handles."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Mapping, Sequence
 from types import TracebackType
@@ -11,11 +12,13 @@ from urllib.parse import quote
 
 import httpx
 
+from corral.client import _watch
 from corral.client._agent import AgentHandle
 from corral.client._errors import ClientSettingError
 from corral.client._wire import Wire
 from corral.kernel import SYSTEM_CLOCK, Clock, ExecutionBudget, InvalidArgumentError
 from corral.kernel import _validate as v
+from corral.runtime import Cancellation
 
 Json = dict[str, Any]
 
@@ -73,6 +76,7 @@ class Connection:
 
     def __init__(self, wire: Wire) -> None:
         self.wire = wire
+        self._watches: set[asyncio.Task[None]] = set()
 
     @property
     def url(self) -> str:
@@ -93,8 +97,19 @@ class Connection:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the connection (idempotent)."""
+        """Close the connection (idempotent): watches of agents' ends stop with it."""
+        watches, self._watches = list(self._watches), set()
+        for task in watches:
+            task.cancel()
+        await asyncio.gather(*watches, return_exceptions=True)
         await self.wire.aclose()
+
+    def follow(self, agent_ref: str, cancellation: Cancellation) -> None:
+        """Cancel ``cancellation`` when the daemon ends agent ``agent_ref`` (see
+        :attr:`AgentHandle.cancellation`), watching until then or until :meth:`aclose`."""
+        task = _watch.start(self.wire, agent_ref, cancellation)
+        self._watches.add(task)
+        task.add_done_callback(self._watches.discard)
 
     def agent(self, id_or_name: str | None = None) -> AgentHandle:
         """The handle of an existing agent, by id or name (default ``$CORRAL_AGENT_ID``: the
