@@ -165,6 +165,8 @@ class Turn:
         if self._ending is None:
             body["usage"] = {"tokens": self._tokens, "costUsd": self._cost}
             self._ending = asyncio.ensure_future(self._send(body))
+            # Its failure is the waiter's to raise; one nobody waits for any more is dropped.
+            self._ending.add_done_callback(_retrieve)
         # Shielded: an end that was sent is seen through, whoever waited on it is cancelled.
         return await asyncio.shield(self._ending)
 
@@ -175,6 +177,11 @@ class Turn:
             self._ending = None  # not told: it may be ended again
             raise
         return self._report
+
+
+def _retrieve(future: asyncio.Future[TurnReport]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def error_body(error: BaseException | str, code: str | None) -> Json:
