@@ -149,6 +149,8 @@ async def test_register_children_under_a_parent_and_refusals_are_typed(conn: Con
     assert "prompt" in refused.value.message
     with pytest.raises(InvalidArgumentError):
         await conn.register("")
+    with pytest.raises(InvalidArgumentError, match="no 'name' or 'harness' field"):
+        await conn.register("x", spec={"harness": "command"})
 
 
 # --- turns ------------------------------------------------------------------------------------

@@ -175,6 +175,9 @@ class Connection:
             body["turnTimeoutS"] = turn_timeout_s
         if spec is not None:
             v.instance_of(where, "spec", spec, Mapping)
+            taken = sorted({"name", "harness"} & set(spec))
+            if taken:
+                raise InvalidArgumentError(where, "spec", "no 'name' or 'harness' field", taken)
             body.update(spec)
         if reuse:
             found = await self._live_external(name, parent)
