@@ -686,6 +686,7 @@ async def test_openapi_lists_the_paths_and_describes_the_bodies(front: FrontDoor
         "/agents/{agent_id}/session",
         "/agents/{agent_id}/turns",
         "/agents/{agent_id}/turns/{n}",
+        "/agents/{agent_id}/turns/{n}/end",
         "/agents/{agent_id}/logs",
         "/agents/{agent_id}/actions",
         "/runs/{run_id}",

@@ -115,7 +115,7 @@ async def test_tools_are_listed_with_their_schemas(front: FrontDoor) -> None:
     assert set(prompt["properties"]) == {"agentId", "text", "by", "why", "idempotencyKey"}
     assert prompt["additionalProperties"] is False
     spec = tools["agent_spawn"].input_schema["properties"]["spec"]
-    assert spec["properties"]["harness"]["enum"] == ["command", "python", "openai"]
+    assert spec["properties"]["harness"]["enum"] == ["command", "python", "openai", "external"]
     assert "onFailure" in spec["properties"]
     status = tools["agent_status"]
     assert status.annotations is not None

@@ -19,6 +19,7 @@ from corral.daemon._errors import (
     OutOfScopeError,
 )
 from corral.daemon._events import Event
+from corral.daemon._external import Report
 from corral.daemon._headcount import PRIORITIES
 from corral.daemon._policy import BUDGET_EXHAUSTED
 from corral.daemon._service import AgentService, CommandResult
@@ -318,6 +319,25 @@ class ScopedService:
         return await self.service.prompt(
             agent_id, text, by=by, why=why, idempotency_key=idempotency_key, note=note
         )
+
+    def check_own(self, agent_id: str, doing: str) -> None:
+        """Refuse an agent outside the caller's reach, and an agent's token acting as
+        another agent (``doing``): an agent reports its own turns only."""
+        self.check(agent_id)
+        if self.principal is not None and agent_id != self.principal:
+            raise OutOfScopeError(self.principal, f"{doing} of agent {agent_id!r}")
+
+    async def begin_turn(
+        self, agent_id: str, prompt: str, *, idempotency_key: str | None = None
+    ) -> CommandResult:
+        """An agent in its own process begins a turn (:meth:`AgentService.begin_turn`)."""
+        self.check_own(agent_id, "beginning the turns")
+        return await self.service.begin_turn(agent_id, prompt, idempotency_key=idempotency_key)
+
+    async def end_turn(self, agent_id: str, turn: int, report: Report) -> Json:
+        """An agent in its own process ends a turn (:meth:`AgentService.end_turn`)."""
+        self.check_own(agent_id, "ending the turns")
+        return await self.service.end_turn(agent_id, turn, report)
 
     async def stop(
         self,

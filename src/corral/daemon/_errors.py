@@ -192,6 +192,71 @@ class AgentBusyError(DaemonError):
         )
 
 
+class AgentHeldError(DaemonError):
+    """The agent is held (``blocked``) waiting on a person: its process may begin no turn
+    until they answer the decision (``retry`` frees it). A hold on its budget is
+    :class:`AgentBudgetExhaustedError` instead."""
+
+    code = "agent_held"
+
+    def __init__(self, agent_id: str, reason: str | None, decision: str | None) -> None:
+        on = f"decision {decision!r}" if decision else "a person"
+        super().__init__(
+            f"agent {agent_id!r} is held ({reason or 'blocked'}) waiting on {on}; it begins "
+            "no turn until a person answers (retry frees it: corral decisions)",
+            agent_id=agent_id,
+            reason=reason,
+            decision=decision,
+        )
+
+
+class ExternalAgentError(DaemonError):
+    """A prompt for an agent that runs in its own process (harness ``external``): the daemon
+    runs none of its turns, so it cannot run this one. Its process begins its turns itself
+    (``POST /agents/{id}/turns``); a person frees a held one by answering its decision."""
+
+    code = "agent_external"
+
+    def __init__(self, agent_id: str) -> None:
+        super().__init__(
+            f"agent {agent_id!r} runs in its own process (harness 'external'): that process "
+            f"begins its turns (POST /agents/{agent_id}/turns); the daemon cannot run a prompt "
+            "for it (answer its decision to free a held one)",
+            agent_id=agent_id,
+        )
+
+
+class NotExternalError(DaemonError):
+    """Beginning or ending a turn of an agent whose turns the daemon runs itself (any
+    harness but ``external``)."""
+
+    code = "not_external"
+
+    def __init__(self, agent_id: str, harness: str) -> None:
+        super().__init__(
+            f"agent {agent_id!r} runs harness {harness!r}: the daemon runs its turns (prompt "
+            "it); only an agent of harness 'external' begins and ends its own",
+            agent_id=agent_id,
+            harness=harness,
+        )
+
+
+class TurnNotOpenError(DaemonError):
+    """An end for a turn that is not open to be ended now: it is being settled (a stop is
+    interrupting it, a store blip is retried). Retryable: asked again, the turn's settled
+    outcome is answered."""
+
+    code = "turn_not_open"
+    default_retryable = True
+
+    def __init__(self, agent_id: str, turn: int) -> None:
+        super().__init__(
+            f"agent {agent_id!r}'s turn {turn} is being settled; ask again for its outcome",
+            agent_id=agent_id,
+            turn=turn,
+        )
+
+
 class AgentBudgetExhaustedError(DaemonError):
     """The agent's budget leaves no room for another turn; the turn did not start."""
 

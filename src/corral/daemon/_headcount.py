@@ -336,7 +336,8 @@ def resume_events(
                 extra["dimension"] = found["dimension"]
             return [ev.unpaused(agent_id, "blocked", reason=found.get("reason"), **extra)], None
         resume_to = "idle"
-    if resume_to not in ("retry", "turn") or not rec["lastPrompt"]:
+    # An agent in its own process (harness external) begins its turns itself: none here.
+    if resume_to not in ("retry", "turn") or not rec["lastPrompt"] or spec.harness == "external":
         return [ev.unpaused(agent_id, "idle")], None
     why = _decisions.exhausted(rec, spec, now, state.agents.get)
     if why is not None:

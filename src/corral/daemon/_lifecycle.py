@@ -109,7 +109,8 @@ def restart(
     if parent is not None and parent["state"] in ENDED_STATES:
         raise ParentEndedError(agent_id, parent["id"], parent["state"])
     events = [ev.restarted(agent_id, was, by, why, rec.get("restarts", 0) + 1)]
-    prompt = rec["lastPrompt"]
+    # An agent in its own process (harness external) begins its turns itself: it goes idle.
+    prompt = None if spec.harness == "external" else rec["lastPrompt"]
     awake = preview(state, events, now.isoformat()).get_agent(agent_id)
     assert awake is not None
     exhausted = _decisions.exhausted(awake, spec, now, state.agents.get) if prompt else None

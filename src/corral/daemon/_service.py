@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import math
@@ -29,6 +30,7 @@ from corral.daemon import (
     _budget,
     _commands,
     _decisions,
+    _external,
     _headcount,
     _lifecycle,
     _listing,
@@ -59,7 +61,9 @@ from corral.daemon._errors import (
     AnswerNotAcceptedError,
     DecisionAnsweredError,
     DecisionNotFoundError,
+    ExternalAgentError,
     InvalidRequestError,
+    NotExternalError,
     NothingToSendError,
     OutOfScopeError,
     ServiceClosedError,
@@ -86,6 +90,7 @@ from corral.daemon.guardrails import (
 )
 from corral.daemon.harnesses import (
     AdoptingHarness,
+    ExternalHarness,
     ExtraTool,
     Harness,
     TerminatingHarness,
@@ -217,6 +222,8 @@ class AgentService:
         self.store = store
         self.home = Path(home)
         self.harnesses = dict(harnesses)
+        # Agents in their own process (see _external): always available, nothing to run.
+        self.harnesses.setdefault(_external.EXTERNAL, ExternalHarness(clock=clock))
         self.url = url
         self.clock = clock
         self._mutex = asyncio.Lock()
@@ -269,7 +276,9 @@ class AgentService:
                 rec["id"]
                 for rec in self.store.state.agents.values()
                 if rec["turnInFlight"] is not None
-                and rec["state"] == "waiting"
+                # An external agent's process goes on with its turn whatever the daemon does:
+                # its report is waited for again, whatever the agent's state.
+                and (rec["state"] == "waiting" or _external.is_external(self._spec(rec["id"])))
                 and isinstance(self.harnesses.get(self._spec(rec["id"]).harness), AdoptingHarness)
             }
             # Approvals still pending: a deadline that passed while no daemon ran is applied
@@ -568,6 +577,14 @@ class AgentService:
             self._still_pending(answering)
             rec = self._live(agent_id)
             _headcount.refuse_if_paused(rec)
+            if _external.is_external(self._spec(agent_id)):
+                # The daemon runs none of its turns: a person's retry frees it, no more.
+                if answering is None or rec["state"] != "blocked":
+                    raise ExternalAgentError(agent_id)
+                freed = _external.freed(self.store.state, rec, by, why, note)
+                result = CommandResult(200, answering.body(agent_id))
+                await self._commit(freed, idempotency_key, command, result)
+                return result
             if rec["state"] in BUSY_STATES:
                 raise AgentBusyError(agent_id)
             prompt = text if text else rec["lastPrompt"]
@@ -608,6 +625,67 @@ class AgentService:
             await self._commit(events, idempotency_key, command, result)
             self._launch(agent_id, turn, text)
             return result
+
+    async def begin_turn(
+        self, agent_id: str, prompt: str, *, idempotency_key: str | None = None
+    ) -> CommandResult:
+        """The process of ``external`` agent ``agent_id`` begins a turn with ``prompt``; 201
+        ``{"id", "accepted": "turn", "turn", "retry", "text", "timeoutS", "remaining"}`` (see
+        :func:`._external.begin`). The turn runs as any turn does until its process ends it
+        (:meth:`end_turn`) or its time runs out. Refused like a prompt: ``NotExternalError``,
+        ``AgentNotLiveError``, ``AgentPausedError``, ``AgentBusyError`` (retryable),
+        ``AgentHeldError`` (blocked, waiting on a person), ``AgentBudgetExhaustedError``
+        (an idle agent is then held, as a prompt would leave it)."""
+        v.non_empty_str("begin_turn", "prompt", prompt)
+        command = {"command": "begin_turn", "agent": agent_id, "prompt": prompt}
+        async with self._mutex:
+            replayed = _commands.replayed(self.store.state, idempotency_key, command)
+            if replayed is not None:
+                return replayed
+            self._refuse_if_closed("begin_turn")
+            rec = self._live(agent_id)
+            spec = self._spec(agent_id)
+            _external.check_begin(rec, spec)
+            now, lookup = self.clock.now(), self.store.state.agents.get
+            exhausted = _decisions.exhausted(rec, spec, now, lookup)
+            if exhausted is None and rec["state"] == "blocked":
+                exhausted = _decisions.held_on_budget(rec, spec, now)  # still held on it
+            if exhausted is not None:
+                if rec["state"] == "idle":
+                    await self._commit(_decisions.budget_hold(self.store.state, rec, exhausted))
+                raise AgentBudgetExhaustedError(agent_id, exhausted)
+            plan = _external.begin(self.store.state, rec, spec, prompt, now, lookup)
+            result = CommandResult(201, plan.body)
+            await self._commit(plan.events, idempotency_key, command, result)
+            self._launch(agent_id, plan.turn, plan.text)
+            return result
+
+    async def end_turn(self, agent_id: str, turn: int, report: _external.Report) -> Json:
+        """The process of ``external`` agent ``agent_id`` reports how turn ``turn`` ended;
+        the turn is settled as any harness's result is (usage, ``onFailure``, the breaker,
+        notices; see ``_external``) and the answer is its record with the agent as the
+        outcome left it (:func:`._external.ended`). Idempotent: a turn settled already (by an
+        earlier report, a stop, its time running out) answers how it was settled, whatever
+        this report says. Raises ``NotExternalError``, ``TurnNotFoundError`` (no such turn),
+        ``TurnNotOpenError`` (retryable: being settled)."""
+        rec = self._record(agent_id)
+        spec = self._spec(agent_id)
+        harness = self.harnesses.get(spec.harness)
+        if not isinstance(harness, ExternalHarness):
+            raise NotExternalError(agent_id, spec.harness)
+        if report.ok:
+            # Kept as much as another harness's output is (see _turn_records).
+            report = dataclasses.replace(
+                report, output=_turn_records.clip_output(report.output, self.turn_book.cap)
+            )
+        task = self._turns.get(agent_id)
+        if task is not None and rec["turnInFlight"] == turn:
+            harness.expect(agent_id, turn)  # its task may not have run yet: kept for it
+            harness.report(agent_id, turn, report.outcome())
+            # Settled (or dropped, when a stop came first) once its task is done.
+            await asyncio.wait({task})
+        found = await self.turn_book.get(agent_id, turn)
+        return _external.ended(agent_id, turn, found, self.store.state.agents.get(agent_id))
 
     async def stop(
         self,
@@ -1413,8 +1491,13 @@ class AgentService:
     # --- turns ------------------------------------------------------------------------------
 
     def _launch(self, agent_id: str, turn: int, prompt: str) -> None:
+        spec = self._spec(agent_id)
+        if _external.is_external(spec):
+            # Its process runs the turn, not the daemon: it takes none of the daemon's slots.
+            self._start_turn(agent_id, self._run_turn(agent_id, turn, prompt))
+            return
         # The turn starts once one of the daemon's concurrent-turn slots is its.
-        priority = _headcount.priority_of(self._spec(agent_id))
+        priority = _headcount.priority_of(spec)
         work = functools.partial(self._run_turn, agent_id, turn, prompt)
         on_wait = functools.partial(self._slot_wait, agent_id, turn)
         self._start_turn(agent_id, self._slots.run(agent_id, priority, work, on_wait))
@@ -1674,6 +1757,8 @@ class AgentService:
             dimension=dimension,
             messages=messages,
         )
+        if _external.is_external(spec):
+            events, retry = _external.instead_of_retry(rec, events, retry)
         events, retry = _headcount.while_paused(rec, events, retry)
         await self._commit(events)
         if retry is not None:

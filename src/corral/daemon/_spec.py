@@ -281,7 +281,9 @@ class AgentSpec(_Model):
     """One agent, as given to ``POST /agents``.
 
     Harnesses: ``command`` (``command`` argv; the prompt on stdin, the result from stdout),
-    ``python`` (``function`` as ``module:function``), ``openai`` (``openai`` options).
+    ``python`` (``function`` as ``module:function``), ``openai`` (``openai`` options),
+    ``external`` (an agent in its own process, which begins and ends its turns itself:
+    ``POST /agents/{id}/turns``; see ``corral.daemon._external``).
     ``guardrails`` are the agent's own rules (``corral.daemon.guardrails``; its descendants
     inherit them); ``may_answer`` the kinds of its descendants' decisions its token answers;
     ``priority`` and ``on_preempt`` its place in its run's headcount (see ``_headcount``);
@@ -291,7 +293,7 @@ class AgentSpec(_Model):
     """
 
     name: str = Field(min_length=1, max_length=200)
-    harness: Literal["command", "python", "openai"]
+    harness: Literal["command", "python", "openai", "external"]
     command: list[str] | None = Field(default=None, min_length=1)
     function: str | None = None
     openai: OpenAISpec | None = None
@@ -349,6 +351,17 @@ class AgentSpec(_Model):
                 bad(field, f"required by harness {harness!r}")
             elif self.harness != harness and given:
                 bad(field, f"only for harness {harness!r}, not {self.harness!r}")
+        if self.harness == "external":
+            # Nothing the daemon would start for it: its own process begins its turns.
+            why = "not for harness 'external': its own process begins its turns"
+            for field, given in (
+                ("prompt", self.prompt is not None),
+                ("env", bool(self.env)),
+                ("wake", self.wake),
+                ("heartbeatS", self.heartbeat_s is not None),
+            ):
+                if given:
+                    bad(field, why)
         if self.command is not None and any(not part for part in self.command):
             bad("command", "argv entries must be non-empty strings")
         # What reaches a process's argv or environment cannot hold NUL; names cannot hold '='.

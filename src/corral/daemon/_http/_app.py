@@ -26,6 +26,7 @@ from corral.daemon._errors import InvalidRequestError, UnauthorizedError
 from corral.daemon._http import (
     _agents,
     _decisions,
+    _external,
     _gateway,
     _lifecycle,
     _metrics,
@@ -54,6 +55,7 @@ logger = logging.getLogger("corral.daemon.http")
 ROUTES: list[ApiRoute] = [
     *_agents.ROUTES,
     *_turns.ROUTES,
+    *_external.ROUTES,
     *_patch.ROUTES,
     *_lifecycle.ROUTES,
     *_runs.ROUTES,
