@@ -192,3 +192,18 @@ def test_importing_the_package_imports_no_framework() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_made_outside_an_event_loop_the_deadline_is_armed_by_the_first_call() -> None:
+    # Frameworks' run_sync start their own loop after the agent (and its Oversight) is made.
+    oversight = Oversight(budget=ExecutionBudget(deadline_s=0.05))
+
+    async def hangs() -> str:
+        await asyncio.Event().wait()
+        return "never"
+
+    async def run() -> None:
+        with pytest.raises(DeadlineExceededError):
+            await oversight.run_model(hangs)
+
+    asyncio.run(run())

@@ -9,6 +9,7 @@ import dataclasses
 import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from corral.kernel import (
@@ -21,6 +22,7 @@ from corral.kernel import (
     RunError,
     RunMeta,
     ToolRefused,
+    UsageError,
 )
 from corral.kernel import _validate as v
 from corral.runtime import (
@@ -117,6 +119,8 @@ class Oversight:
     - ``budget``: tokens, dollars, turns (one per model call) and ``deadline_s`` (counted from
       the Oversight's creation), kept by one :class:`~corral.runtime.ExecutionTracker` for the
       object's whole life: several runs through one Oversight share it. Make one per task.
+      It may be made outside an event loop (before a framework's ``run_sync`` starts one): the
+      deadline is then armed by the first call, still counted from the creation.
       Dollars come from ``prices`` (model name -> :class:`~corral.runtime.ModelPrice`) unless
       the framework gives a cost; a dollar budget with a model that has no price stops with
       ``CostUnknownError`` (``cost_unknown``), as in corral's own loop.
@@ -177,10 +181,12 @@ class Oversight:
         self.clock = clock
         self.tracker = ExecutionTracker(self.budget, clock=clock)
         token = (cancellation or Cancellation(clock=clock)).child()
+        self.cancellation = token
+        self._deadline_at: datetime | None = None
         if self.budget.deadline_s is not None:
             # the deadline is a cancellation, so a call in flight is abandoned when it passes
-            token.cancel_after(self.budget.deadline_s)
-        self.cancellation = token
+            self._deadline_at = clock.now() + timedelta(seconds=self.budget.deadline_s)
+            self._arm_deadline()
         self.meta = RunMeta(cancellation=token, tenant_id=tenant_id, clock=clock)
         guard: list[Middleware] = []
         if supervisor is not None:
@@ -189,9 +195,24 @@ class Oversight:
 
     # --- model calls -----------------------------------------------------------------------
 
+    def _arm_deadline(self) -> None:
+        """Schedule the deadline on the token. Made outside a running event loop (before a
+        framework's ``run_sync`` starts its own), the system clock cannot schedule it yet: it
+        is then armed by the first call, still counted from the Oversight's creation."""
+        when = self._deadline_at
+        if when is None:
+            return
+        try:
+            self.cancellation.cancel_at(when)
+        except UsageError:
+            return  # no running loop yet
+        self._deadline_at = None
+
     def before_model(self) -> None:
         """Raise unless a model call may start: not cancelled, deadline not passed, room left
         in every budget dimension."""
+        if self._deadline_at is not None:
+            self._arm_deadline()
         self.meta.check()
         self.tracker.check()
 
@@ -260,6 +281,8 @@ class Oversight:
         the tool itself raises passes through.
         """
         v.non_empty_str("Oversight.run_tool", "name", name)
+        if self._deadline_at is not None:
+            self._arm_deadline()
         if not isinstance(arguments, Mapping):
             raise InvalidArgumentError("Oversight.run_tool", "arguments", "a Mapping", arguments)
         ctx = MiddlewareContext.tool(
