@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
-from pydantic_ai import Agent
+from pydantic_ai import Agent, ModelRetry, RunContext
+from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -289,6 +290,30 @@ async def test_a_model_that_fails_still_counts_a_turn() -> None:
         await agent.run("hi")
     with pytest.raises(BudgetExhaustedError):
         await agent.run("hi")
+
+
+async def test_a_response_another_capability_rejects_is_counted_too() -> None:
+    class RejectsTheFirst(AbstractCapability[Any]):
+        rejected = False
+
+        async def after_model_request(
+            self, ctx: RunContext[Any], *, request_context: Any, response: ModelResponse
+        ) -> ModelResponse:
+            if not self.rejected:
+                self.rejected = True
+                raise ModelRetry("say it again")
+            return response
+
+    async def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(
+            parts=[TextPart("ok")], usage=RequestUsage(input_tokens=100, output_tokens=10)
+        )
+
+    corral = CorralCapability(prices={"m": ModelPrice(1.0, 1.0)})
+    agent = Agent(FunctionModel(respond, model_name="m"), capabilities=[corral, RejectsTheFirst()])
+    assert (await agent.run("hi")).output == "ok"
+    assert (corral.usage().tokens, corral.usage().turns) == (220, 2)
+    assert corral.usage().cost_usd == pytest.approx(220 / 1e6)
 
 
 # --- deadline and cancellation ------------------------------------------------------------

@@ -248,12 +248,14 @@ class _Spent:
         return cls(usage.input_tokens, usage.output_tokens, usage.cost, usage.unmeasured_requests)
 
     def __sub__(self, earlier: _Spent) -> _Spent:
-        cost = None if self.cost is None else self.cost - (earlier.cost or Decimal(0))
+        # A run's usage only grows; max() keeps a reading that did not from becoming a
+        # negative count that would fail the run.
+        cost = None if self.cost is None else max(Decimal(0), self.cost - (earlier.cost or 0))
         return _Spent(
-            self.input_tokens - earlier.input_tokens,
-            self.output_tokens - earlier.output_tokens,
+            max(0, self.input_tokens - earlier.input_tokens),
+            max(0, self.output_tokens - earlier.output_tokens),
             cost,
-            self.unmeasured - earlier.unmeasured,
+            max(0, self.unmeasured - earlier.unmeasured),
         )
 
     @property
