@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 from pydantic_ai import Agent, ModelRetry, RunContext
-from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.capabilities import AbstractCapability, ModelFallback
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -314,6 +314,59 @@ async def test_a_response_another_capability_rejects_is_counted_too() -> None:
     assert (await agent.run("hi")).output == "ok"
     assert (corral.usage().tokens, corral.usage().turns) == (220, 2)
     assert corral.usage().cost_usd == pytest.approx(220 / 1e6)
+
+
+async def test_the_attempts_a_fallback_moved_on_from_count_at_their_own_price() -> None:
+    async def refuses(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        usage = RequestUsage(input_tokens=50, output_tokens=5)
+        return ModelResponse(parts=[TextPart("no")], usage=usage, finish_reason="content_filter")
+
+    async def answers(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        usage = RequestUsage(input_tokens=100, output_tokens=10)
+        return ModelResponse(parts=[TextPart("ok")], usage=usage)
+
+    corral = CorralCapability(
+        budget=ExecutionBudget(max_cost_usd=1.0),
+        prices={"first": ModelPrice(1000.0, 1000.0), "second": ModelPrice(1.0, 1.0)},
+    )
+    fallback = ModelFallback(FunctionModel(answers, model_name="second"))
+    agent = Agent(FunctionModel(refuses, model_name="first"), capabilities=[corral, fallback])
+    assert (await agent.run("hi")).output == "ok"
+    assert (corral.usage().tokens, corral.usage().turns) == (165, 1)
+    assert corral.usage().cost_usd == pytest.approx((55 * 1000.0 + 110 * 1.0) / 1e6)
+
+
+async def test_concurrent_delegates_sharing_the_runs_usage_count_only_their_own() -> None:
+    # Pydantic AI's delegation pattern: a tool runs another agent with usage=ctx.usage, here
+    # twice at once, both under the same capability (one budget for the whole task).
+    corral = CorralCapability(prices={"m": ModelPrice(1.0, 1.0)})
+    both_asked = asyncio.Barrier(2)
+
+    async def delegate_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        await both_asked.wait()  # both delegates' model calls are in flight together
+        return ModelResponse(
+            parts=[TextPart("sub done")], usage=RequestUsage(input_tokens=100, output_tokens=10)
+        )
+
+    delegate = Agent(FunctionModel(delegate_model, model_name="m"), capabilities=[corral])
+
+    async def lead_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        usage = RequestUsage(input_tokens=7, output_tokens=3)
+        if len(messages) == 1:
+            calls = [ToolCallPart("ask", {"question": q}, tool_call_id=q) for q in ("a", "b")]
+            return ModelResponse(parts=calls, usage=usage)
+        return ModelResponse(parts=[TextPart("done")], usage=usage)
+
+    lead = Agent(FunctionModel(lead_model, model_name="m"), capabilities=[corral])
+
+    @lead.tool
+    async def ask(ctx: RunContext[None], question: str) -> str:
+        return (await delegate.run(question, usage=ctx.usage)).output
+
+    result = await lead.run("go")
+    assert result.output == "done"
+    assert result.usage.total_tokens == 2 * 10 + 2 * 110  # Pydantic AI's own count
+    assert (corral.usage().tokens, corral.usage().turns) == (240, 4)
 
 
 # --- deadline and cancellation ------------------------------------------------------------

@@ -5,8 +5,8 @@
 - ``wrap_model_request`` (once per step of Pydantic AI's loop, around every attempt, retry
   and fallback the step makes): checks the run may call the model (cancellation, deadline,
   room in every budget dimension), abandons the call at once when the run is cancelled or
-  its deadline passes, then counts what the step spent -- read from the run's own
-  ``RunUsage`` before and after, so the attempts a fallback moved on from count too.
+  its deadline passes, then counts what the step spent: its response's usage and that of
+  the attempts it records (a fallback's).
 - ``wrap_tool_execute`` (around every function tool call, after argument validation):
   checks the call with the supervisor (a person may be asked; the call waits) and runs it
   under the run's cancellation. A refusal reaches the model as the tool's failed result
@@ -42,7 +42,7 @@ from pydantic_ai.messages import ModelResponse, ToolCallPart
 from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.tools import RunContext, Tool, ToolDefinition
 from pydantic_ai.toolsets import FunctionToolset
-from pydantic_ai.usage import RunUsage
+from pydantic_ai.usage import RequestUsage, RunUsage
 
 from corral.integrations._oversight import ActionChecker, GatewayTool, Oversight, QueryGateway
 from corral.kernel import Clock, ExecutionBudget, InvalidArgumentError, RunError, ToolRefused
@@ -67,16 +67,17 @@ class CorralCapability(AbstractCapability[Any]):
     checks is the tool's name, a space and the validated arguments as JSON with sorted keys,
     as in corral's own loop, so the same rules match.
 
-    Usage, per step of Pydantic AI's loop: tokens are ``input_tokens + output_tokens`` of
-    what Pydantic AI counted for the step (its ``input_tokens`` include cache reads and
-    writes and audio, its ``output_tokens`` reasoning tokens: all are counted, as Pydantic
-    AI's own ``total_tokens`` and ``UsageLimits`` count them); one step is one turn, however
-    many attempts it made. Dollars are Pydantic AI's own cost (genai-prices, or what its
-    gateway reported) when it priced the step's response; otherwise ``prices`` is looked up
-    under the name the provider reported (``response.model_name``), then the model's
-    configured name (``gpt-4o``), then its id (``openai:gpt-4o``), and applies its input
-    price to every input token, cached or not. A step with no price under a dollar budget
-    stops the run with ``CostUnknownError``; so does a response that omitted its usage.
+    Usage, per step of Pydantic AI's loop: tokens are ``input_tokens + output_tokens`` of the
+    step's response and of the attempts it records (a fallback's), as Pydantic AI counted them
+    (its ``input_tokens`` include cache reads and writes and audio, its ``output_tokens``
+    reasoning tokens: all are counted, as Pydantic AI's own ``total_tokens`` and
+    ``UsageLimits`` count them); one step is one turn, however many attempts it made. Dollars
+    are Pydantic AI's own cost (genai-prices, or what its gateway reported) where it has one;
+    otherwise ``prices`` is looked up under the name the provider reported
+    (``response.model_name``), then the model's configured name (``gpt-4o``), then its id
+    (``openai:gpt-4o``), and applies its input price to every input token, cached or not. A
+    step with a part that has no price stops the run with ``CostUnknownError`` under a dollar
+    budget; so does a response that omitted its usage.
     """
 
     def __init__(
@@ -153,21 +154,28 @@ class CorralCapability(AbstractCapability[Any]):
         try:
             response = await self.oversight.run_model(lambda: handler(request_context))
         except BaseException:
-            # A step that failed may still have been billed (a fallback's rejected attempts,
-            # a stream cut short): count it, without a turn (run_model counted one) and
+            # A step that failed may still have been billed (a response another capability
+            # rejected, a stream cut short): its response went with the error, so what the
+            # run's usage grew by is counted -- without a turn (run_model counted one) and
             # without replacing the error that ends the step; the next step's check sees it.
             self._count_failed_step(_Spent.of(usage) - before, request_context)
             raise
-        spent = _Spent.of(usage) - before
-        cost: float | None = None
-        if spent.cost is not None and response.usage.cost is not None:
-            cost = float(spent.cost)
-        elif spent.tokens == 0 and not spent.unmeasured:
-            cost = 0.0  # nothing was spent (a cached answer, a skipped request)
+        # The step's own response and the attempts it records (a fallback's), not the growth
+        # of ctx.usage: concurrent delegates share one RunUsage (usage=ctx.usage) and would
+        # count each other's requests.
+        billed = [(self._names(response, request_context), response.usage)]
+        billed += [
+            ([a.model_name], a.usage) for a in response.failed_attempts or () if a.usage is not None
+        ]
+        costs = [self._cost(names, spent) for names, spent in billed]
+        # One part without a price and the step has none: named by that part's model.
+        unpriced = [names for (names, _), part in zip(billed, costs, strict=True) if part is None]
+        names = unpriced[0] if unpriced else billed[0][0]
+        cost = None if unpriced else sum(part for part in costs if part is not None)
         self.oversight.record_model_call(
-            model=self._price_name(response, request_context),
-            input_tokens=spent.input_tokens,
-            output_tokens=spent.output_tokens,
+            model=names[0] if names else "unknown model",
+            input_tokens=sum(spent.input_tokens for _, spent in billed),
+            output_tokens=sum(spent.output_tokens for _, spent in billed),
             cost_usd=cost,
         )
         return response
@@ -211,16 +219,29 @@ class CorralCapability(AbstractCapability[Any]):
 
     # --- internals --------------------------------------------------------------------------
 
-    def _price_name(self, response: ModelResponse, request_context: ModelRequestContext) -> str:
-        """The name to look ``prices`` up under: the first of the reported name, the model's
-        configured name and its id that has a price; else the reported name (for the
-        message of ``cost_unknown``)."""
+    def _names(self, response: ModelResponse, request_context: ModelRequestContext) -> list[str]:
+        """The names a response's model may have a price under: the name the provider
+        reported, the model's configured name, its id."""
         names = [response.model_name, request_context.model.model_name, response.model_id]
-        known = [name for name in names if name]
-        for name in known:
-            if name in self.oversight.prices:
-                return name
-        return known[0] if known else "unknown model"
+        return [name for name in names if name]
+
+    def _cost(self, names: list[str], spent: RequestUsage) -> float | None:
+        """What ``spent`` cost in dollars: Pydantic AI's own figure, or the first price found
+        under ``names``; None when neither is known (or the response omitted its usage)."""
+        if spent.unmeasured_requests:
+            return None
+        if spent.cost is not None:
+            return float(spent.cost)
+        if spent.input_tokens == 0 and spent.output_tokens == 0:
+            return 0.0  # nothing was spent
+        for name in names:
+            price = self.oversight.prices.get(name)
+            if price is not None:
+                usage = Usage(
+                    prompt_tokens=spent.input_tokens, completion_tokens=spent.output_tokens
+                )
+                return price.cost(usage)
+        return None
 
     def _count_failed_step(self, spent: _Spent, request_context: ModelRequestContext) -> None:
         if spent.tokens == 0 and not spent.cost:
