@@ -38,6 +38,7 @@ from corral.kernel import (
     DeadlineExceededError,
     ExecutionBudget,
     InvalidArgumentError,
+    UsageError,
 )
 from corral.runtime import Cancellation, FakeClock, ModelPrice
 
@@ -497,11 +498,14 @@ async def test_streamed_runs_are_guarded_and_counted_too() -> None:
     assert corral.usage().tokens == stream.usage.total_tokens
 
 
-def test_run_sync_works_with_a_deadline_made_outside_the_loop() -> None:
+def test_a_capability_with_a_deadline_can_be_made_before_the_loop_runs() -> None:
+    # as for run_sync (the example runs it that way), which starts its loop after
     corral = CorralCapability(budget=ExecutionBudget(deadline_s=60, max_turns=5))
     agent = Agent(TestModel(call_tools=[]), capabilities=[corral])
-    assert agent.run_sync("hi").output == "success (no tool calls)"
+    assert asyncio.run(agent.run("hi")).output == "success (no tool calls)"
     assert corral.usage().turns == 1
+    with pytest.raises(UsageError, match="another event loop"):  # a second asyncio.run
+        asyncio.run(agent.run("hi"))
 
 
 def test_it_takes_an_oversight_or_its_arguments_not_both() -> None:
