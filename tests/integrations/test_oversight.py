@@ -20,6 +20,7 @@ from corral.kernel import (
     ExecutionBudget,
     InvalidArgumentError,
     ToolRefused,
+    UsageError,
 )
 from corral.runtime import Cancellation, FakeClock, ModelPrice
 
@@ -192,3 +193,35 @@ def test_importing_the_package_imports_no_framework() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_made_outside_an_event_loop_the_deadline_is_armed_by_the_first_call() -> None:
+    # Frameworks' run_sync start their own loop after the agent (and its Oversight) is made.
+    oversight = Oversight(budget=ExecutionBudget(deadline_s=0.05))
+
+    async def hangs() -> str:
+        await asyncio.Event().wait()
+        return "never"
+
+    async def run() -> None:
+        with pytest.raises(DeadlineExceededError):
+            await oversight.run_model(hangs)
+
+    asyncio.run(run())
+
+
+def test_one_oversight_keeps_to_one_event_loop() -> None:
+    oversight = Oversight(budget=ExecutionBudget(deadline_s=60))
+
+    async def one_call() -> None:
+        await oversight.run_model(lambda: asyncio.sleep(0))
+
+    asyncio.run(one_call())
+    with pytest.raises(UsageError, match="first used on another event loop"):
+        asyncio.run(one_call())
+
+
+def test_without_an_event_loop_no_call_starts_past_the_deadline() -> None:
+    oversight = Oversight(budget=ExecutionBudget(deadline_s=0))
+    with pytest.raises(DeadlineExceededError):
+        oversight.before_model()

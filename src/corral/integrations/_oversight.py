@@ -5,10 +5,12 @@ translations of their framework's hooks onto this one object."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from corral.kernel import (
@@ -16,11 +18,13 @@ from corral.kernel import (
     Clock,
     CorralError,
     CostUnknownError,
+    DeadlineExceededError,
     ExecutionBudget,
     InvalidArgumentError,
     RunError,
     RunMeta,
     ToolRefused,
+    UsageError,
 )
 from corral.kernel import _validate as v
 from corral.runtime import (
@@ -117,6 +121,11 @@ class Oversight:
     - ``budget``: tokens, dollars, turns (one per model call) and ``deadline_s`` (counted from
       the Oversight's creation), kept by one :class:`~corral.runtime.ExecutionTracker` for the
       object's whole life: several runs through one Oversight share it. Make one per task.
+      It may be made outside an event loop (before a framework's ``run_sync`` starts one): the
+      deadline is then armed by the first call, still counted from the creation. Its calls
+      keep to the first call's event loop (``UsageError`` on another: its deadline and
+      cancellation live there); without a loop at all (a framework's synchronous hooks) no
+      call starts past the deadline, but one in flight cannot be abandoned.
       Dollars come from ``prices`` (model name -> :class:`~corral.runtime.ModelPrice`) unless
       the framework gives a cost; a dollar budget with a model that has no price stops with
       ``CostUnknownError`` (``cost_unknown``), as in corral's own loop.
@@ -177,10 +186,13 @@ class Oversight:
         self.clock = clock
         self.tracker = ExecutionTracker(self.budget, clock=clock)
         token = (cancellation or Cancellation(clock=clock)).child()
+        self.cancellation = token
+        self._deadline_at: datetime | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         if self.budget.deadline_s is not None:
             # the deadline is a cancellation, so a call in flight is abandoned when it passes
-            token.cancel_after(self.budget.deadline_s)
-        self.cancellation = token
+            self._deadline_at = clock.now() + timedelta(seconds=self.budget.deadline_s)
+            self._arm_deadline()
         self.meta = RunMeta(cancellation=token, tenant_id=tenant_id, clock=clock)
         guard: list[Middleware] = []
         if supervisor is not None:
@@ -189,9 +201,49 @@ class Oversight:
 
     # --- model calls -----------------------------------------------------------------------
 
+    def _arm_deadline(self) -> None:
+        """Schedule the deadline on the token. Made outside a running event loop (before a
+        framework's ``run_sync`` starts its own), the system clock cannot schedule it yet: it
+        is then armed by the first call, still counted from the Oversight's creation."""
+        when = self._deadline_at
+        if when is None:
+            return
+        try:
+            self.cancellation.cancel_at(when)
+        except UsageError:
+            return  # no running loop yet
+        self._deadline_at = None
+
+    def _ready(self) -> None:
+        """Before each call: arm the deadline if it is not yet, and keep to one event loop."""
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None  # a framework's synchronous hook
+        if loop is not None:
+            if self._loop is None:
+                self._loop = loop
+            elif loop is not self._loop:
+                # The token's timers and event live on the first call's loop.
+                raise UsageError(
+                    "this Oversight was first used on another event loop (its deadline and "
+                    "cancellation live there): make one per task, and run each task on one "
+                    "loop (one asyncio.run)",
+                    agent_id=self.agent_id,
+                )
+        when = self._deadline_at
+        if when is not None:
+            self._arm_deadline()
+            now = self.clock.now()
+            if self._deadline_at is not None and now >= when:
+                # no loop to arm it on: a call in flight cannot be abandoned, but none starts
+                raise DeadlineExceededError(when.isoformat(), now.isoformat())
+
     def before_model(self) -> None:
         """Raise unless a model call may start: not cancelled, deadline not passed, room left
-        in every budget dimension."""
+        in every budget dimension. ``UsageError`` when called on another event loop than the
+        first call (an Oversight's deadline and cancellation live on one loop)."""
+        self._ready()
         self.meta.check()
         self.tracker.check()
 
@@ -260,6 +312,7 @@ class Oversight:
         the tool itself raises passes through.
         """
         v.non_empty_str("Oversight.run_tool", "name", name)
+        self._ready()
         if not isinstance(arguments, Mapping):
             raise InvalidArgumentError("Oversight.run_tool", "arguments", "a Mapping", arguments)
         ctx = MiddlewareContext.tool(
