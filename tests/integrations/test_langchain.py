@@ -12,7 +12,11 @@ from typing import Any
 
 import pytest
 from langchain.agents import create_agent
-from langchain.agents.middleware import InputAgentState
+from langchain.agents.middleware import (
+    InputAgentState,
+    ModelRetryMiddleware,
+    ToolRetryMiddleware,
+)
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.tools import BaseTool, tool
 
@@ -411,3 +415,39 @@ async def test_a_corral_middleware_that_answers_in_the_tools_place_is_the_tools_
     [answer] = tool_results(result["messages"])
     assert tools.ran == []
     assert (answer.text, answer.tool_call_id) == ('{"cached": "bees"}', "call_1")
+
+
+@pytest.mark.parametrize("corral_first", [True, False])
+async def test_a_stop_reaches_the_caller_even_through_langchains_retry_middlewares(
+    corral_first: bool,
+) -> None:
+    # ModelRetryMiddleware retries every exception and then answers with a message; listed
+    # before corral (outside it) it would turn the budget's stop into the run's answer.
+    tools = Tools()
+    model = ScriptedChatModel(script=forever("lookup", {"query": "more"}))
+    corral = CorralMiddleware(budget=ExecutionBudget(max_tokens=100))
+    retry = ModelRetryMiddleware(initial_delay=0, jitter=False)
+    layers = [corral, retry] if corral_first else [retry, corral]
+    agent = create_agent(model, tools=tools.all(), middleware=layers)
+    with pytest.raises(BudgetExhaustedError, match="tokens budget exhausted"):
+        await agent.ainvoke(ask())
+    assert model.calls == 7
+
+
+async def test_a_cancellation_reaches_the_caller_through_tool_and_model_retries() -> None:
+    parent = Cancellation()
+    tools = Tools()
+    model = ScriptedChatModel(script=then_answer(call_tool("wait_forever", {})))
+    layers = [
+        ToolRetryMiddleware(initial_delay=0, jitter=False),
+        ModelRetryMiddleware(initial_delay=0, jitter=False),
+        CorralMiddleware(cancellation=parent),
+    ]
+    run = asyncio.ensure_future(
+        create_agent(model, tools=tools.all(), middleware=layers).ainvoke(ask())
+    )
+    await asyncio.wait_for(tools.started.wait(), 10)
+    parent.cancel("operator said stop")
+    with pytest.raises(CancellationError, match="operator said stop"):
+        await asyncio.wait_for(run, 10)
+    assert model.calls == 1

@@ -40,14 +40,18 @@ from langchain.agents.middleware import (
 )
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.tools import BaseTool, StructuredTool
+from langgraph.runtime import Runtime
 from langgraph.types import Command
 
 from corral.integrations._oversight import ActionChecker, GatewayTool, Oversight, QueryGateway
 from corral.kernel import (
+    BudgetExhaustedError,
+    CancellationError,
     Clock,
     CostUnknownError,
     ExecutionBudget,
     InvalidArgumentError,
+    RunError,
     ToolRefused,
     UsageError,
 )
@@ -89,8 +93,9 @@ class CorralMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
     :attr:`oversight` is the one in use (its :meth:`~Oversight.usage`, :meth:`~Oversight.cancel`).
 
     Hooks (``create_agent`` puts this middleware around every model and tool call; several
-    middlewares compose with the first in the list outermost -- put corral first so that it
-    sees and counts every retry another middleware makes):
+    middlewares compose with the first in the list outermost -- put corral first, so that
+    its stops never pass through another middleware that would catch them, and so that its
+    deadline and cancellation cover the retries and fallbacks of the others):
 
     - model calls (``awrap_model_call``): checked before they start and abandoned in flight
       at the deadline or on cancellation; then counted: ``input_tokens`` and
@@ -109,13 +114,17 @@ class CorralMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
       ``status="error"`` and the refusal's sentence, and the tool does not run. The
       gateway's own ``db_query`` is checked inside the tool (once), not here.
     - ``tools``: ``db_query`` over ``gateway`` (empty without one).
+    - ``aafter_agent``: raises again a stop that a middleware outside this one turned into a
+      message (see below).
 
     What ends the run -- ``BudgetExhaustedError``, ``CostUnknownError``,
     ``CancellationError``, ``DeadlineExceededError`` -- propagates out of ``ainvoke`` /
-    ``astream`` as itself (LangGraph does not wrap a node's exception). LangChain's own
-    tool-error handling leaves them alone (``ToolNode``'s default handles only invalid tool
-    arguments); a ``handle_tool_errors=True`` of yours would turn the ones raised by tools
-    into text, so keep it off or narrow.
+    ``astream`` as itself (LangGraph does not wrap a node's exception, and the ``ToolNode``
+    of ``create_agent`` handles only invalid tool arguments). A middleware listed before
+    this one may catch it (``ModelRetryMiddleware`` retries every exception by default, then
+    answers with a message): the run then ends with that message, and ``aafter_agent``
+    raises the stop again, so the caller still gets it -- after the other middleware's
+    retries, which fail at once.
 
     Sync paths (``invoke``, ``stream``) raise :class:`SyncPathError` before the first model
     call: corral's checks await (a person's answer, an async supervisor) and abandon calls in
@@ -169,6 +178,10 @@ class CorralMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         # The gateway's tools check themselves (GatewayTool runs through run_tool): their calls
         # pass awrap_tool_call unchecked, or a person would be asked twice.
         self._checked_inside = frozenset(id(t) for t in self.tools)
+        # The stop that ended a call (a budget, the cancellation, the deadline): an Oversight's
+        # stops are for good, so it is kept for the middleware's life and raised again at the
+        # end of a run that a middleware outside this one finished all the same.
+        self._stop: RunError | None = None
 
     def __repr__(self) -> str:
         return f"CorralMiddleware({self.oversight!r})"
@@ -183,8 +196,12 @@ class CorralMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         """Run the model call under the oversight and count what it used. Raises the
         ``RunError`` that ends the run (see the class docstring); what the model raises
         passes through (counted as one turn)."""
-        response = await self.oversight.run_model(lambda: handler(request))
-        self._record(request.model, response.result)
+        try:
+            response = await self.oversight.run_model(lambda: handler(request))
+            self._record(request.model, response.result)
+        except (BudgetExhaustedError, CostUnknownError, CancellationError) as exc:
+            self._stop = exc
+            raise
         return response
 
     def wrap_model_call(
@@ -236,6 +253,19 @@ class CorralMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         prices = self.oversight.prices
         return next((n for n in names if n in prices), names[0] if names else None)
 
+    # --- the end of a run -------------------------------------------------------------------
+
+    async def aafter_agent(
+        self, state: AgentState[Any], runtime: Runtime[Any]
+    ) -> dict[str, Any] | None:
+        """Raise again the stop that ended a model or tool call of this run, if the run ended
+        all the same: a middleware outside this one (``ModelRetryMiddleware``,
+        ``ToolRetryMiddleware`` and ``ToolErrorMiddleware`` by default) turned it into a
+        message, and the caller would otherwise get an answer instead of the stop."""
+        if self._stop is not None:
+            raise self._stop
+        return None
+
     # --- tool calls ------------------------------------------------------------------------
 
     async def awrap_tool_call(
@@ -256,6 +286,10 @@ class CorralMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
             )
         except ToolRefused as exc:
             return ToolMessage(content=exc.message, name=name, tool_call_id=call_id, status="error")
+        except CancellationError as exc:
+            if self.oversight.cancellation.is_cancelled:  # this run's stop, not the tool's own
+                self._stop = exc
+            raise
         if isinstance(answer, ToolMessage | Command):
             return answer
         # a corral middleware answered in the tool's place: its answer is the tool's result
