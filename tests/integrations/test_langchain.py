@@ -451,3 +451,16 @@ async def test_a_cancellation_reaches_the_caller_through_tool_and_model_retries(
     with pytest.raises(CancellationError, match="operator said stop"):
         await asyncio.wait_for(run, 10)
     assert model.calls == 1
+
+
+def test_an_agent_built_once_runs_in_one_event_loop_after_another() -> None:
+    # asyncio.run(agent.ainvoke(...)) twice, as a script or a notebook does
+    tools = Tools()
+    model = ScriptedChatModel(script=then_answer(call_tool("lookup", {"query": "bees"})))
+    corral = CorralMiddleware(budget=ExecutionBudget(max_turns=10))
+    agent = create_agent(model, tools=tools.all(), middleware=[corral])
+    for _ in range(2):
+        result = asyncio.run(agent.ainvoke(ask()))
+        assert result["messages"][-1].text.startswith("done")
+    assert tools.ran == ["lookup bees"]  # the second run's script answers at once
+    assert corral.oversight.usage().turns == 3
