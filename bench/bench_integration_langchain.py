@@ -4,14 +4,16 @@ Goal (issue 15): the adapter's overhead per model call and per tool call against
 framework with its test model. Run with
 ``.venv/bin/python -m bench bench_integration_langchain``.
 
-Each sample is one ``ainvoke`` of a ``create_agent`` agent whose scripted model (no network)
-asks for ``STEPS`` tool calls, one at a time, then answers: ``STEPS + 1`` model calls and
-``STEPS`` tool calls. Three agents, built once: bare, with ``CorralMiddleware()`` (the budget
-tracker, cancellation and deadline checks, no supervisor) and with a supervisor of three
-allowing guardrails; one run of each in turn (after a warm-up), so drift on a shared machine
-weighs on each alike. The overhead per model call is the p50 difference of runs with no tool
-call (one model call); the overhead per step (one model call and one tool call) is the p50
-difference of the long runs over ``STEPS``; per tool call is a step's less a model call's.
+Two measures. First the hooks alone: ``await corral.awrap_model_call(request, handler)``
+against ``await handler(request)`` (and the same for ``awrap_tool_call``), the handler
+answering a ready reply at once: what corral itself adds per call (``_harness.time_async``:
+median over runs of the mean per call). Then whole runs: ``ainvoke`` of a ``create_agent``
+agent whose scripted model (no network) asks for ``STEPS`` tool calls, one at a time, then
+answers; agents built once -- bare, with a pass-through middleware (what LangChain charges for
+any wrap hook), with ``CorralMiddleware()`` and with a supervisor of three guardrails -- one run
+of each in turn (after a warm-up), so drift on a shared machine weighs on each alike. A run
+with no tool call is one model call; a step (one model call and one tool call) is the p50 of
+the long runs less the p50 of the one-call runs, over ``STEPS``.
 """
 
 from __future__ import annotations
@@ -23,15 +25,22 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from langchain.agents import create_agent
-from langchain.agents.middleware import AgentMiddleware, InputAgentState
+from langchain.agents.middleware import (
+    AgentMiddleware,
+    InputAgentState,
+    ModelRequest,
+    ModelResponse,
+    ToolCallRequest,
+)
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.tools import tool
 from tests.support.langchain_models import ScriptedChatModel, call_tool
 
-from bench._harness import row
+from bench._harness import row, time_async
 from corral.guard import AgentGroup, GuardrailResult, Supervisor
 from corral.integrations.langchain import CorralMiddleware
 
+HOOK_CALLS = 5_000
 STEPS = 10
 WARMUP = 20
 RUNS = 200  # of each agent and length, taken in turn
@@ -82,11 +91,55 @@ class PassThrough(AgentMiddleware[Any, Any, Any]):
         return await handler(request)
 
 
-def middlewares() -> dict[str, list[AgentMiddleware[Any, Any, Any]]]:
-    three = Supervisor(
+def three_rules() -> Supervisor:
+    return Supervisor(
         AgentGroup("bench"),
         [Allow("no-drop", "drop table"), Allow("no-rm", "rm -rf"), Allow("no-ssh", "ssh ")],
     )
+
+
+def hook_figures() -> dict[str, tuple[float, float]]:
+    """Seconds per call of each hook and of its handler alone."""
+    model = ScriptedChatModel(script=script(0))
+    usage = {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}
+    reply = ModelResponse(result=[AIMessage(content="done", usage_metadata=usage)])
+    request = ModelRequest(model=model, messages=[])
+    answer = ToolMessage(content="3 documents", name="lookup", tool_call_id="call_1")
+    call = ToolCallRequest(
+        tool_call={"name": "lookup", "args": {"query": "bees"}, "id": "call_1"},
+        tool=lookup,
+        state={},
+        runtime=None,  # type: ignore[arg-type]  # unused by the hooks
+    )
+
+    async def model_handler(request: Any) -> ModelResponse[Any]:
+        return reply
+
+    async def tool_handler(request: Any) -> ToolMessage:
+        return answer
+
+    plain, guarded = CorralMiddleware(), CorralMiddleware(supervisor=three_rules())
+    number = HOOK_CALLS
+    bare_model = time_async(lambda: model_handler(request), number=number)
+    bare_tool = time_async(lambda: tool_handler(call), number=number)
+    return {
+        "model call: `awrap_model_call`": (
+            bare_model,
+            time_async(lambda: plain.awrap_model_call(request, model_handler), number=number),
+        ),
+        "tool call: `awrap_tool_call`, no supervisor": (
+            bare_tool,
+            time_async(lambda: plain.awrap_tool_call(call, tool_handler), number=number),
+        ),
+        "tool call: `awrap_tool_call`, 3 guardrails": (
+            bare_tool,
+            time_async(lambda: guarded.awrap_tool_call(call, tool_handler), number=number),
+        ),
+    }
+
+
+def middlewares() -> dict[str, list[AgentMiddleware[Any, Any, Any]]]:
+    three = three_rules()
     return {
         BARE: [],
         NOOP: [PassThrough()],
@@ -134,38 +187,36 @@ async def figures() -> tuple[dict[str, dict[int, list[float]]], list[float], lis
 
 
 def main() -> None:
+    hooks = hook_figures()
+    print(f"The hooks alone, handler answering at once ({HOOK_CALLS:,} calls, median of runs):\n")
+    print(row("hook", "handler alone", "through corral", "corral adds"))
+    print(row("---", "---:", "---:", "---:"))
+    for label, (bare, corral) in hooks.items():
+        cells = (f"{bare * 1e6:,.1f} us", f"{corral * 1e6:,.1f} us")
+        print(row(label, *cells, f"{(corral - bare) * 1e6:+,.1f} us"))
+
     samples, bare_builds, corral_builds = asyncio.run(figures())
+    base = samples[BARE]
 
-    def over(label: str, than: str) -> tuple[float, float]:
-        """Overhead of ``label`` over ``than``: per model call, per tool call (us)."""
-        per_model = p50(samples[label][0]) - p50(samples[than][0])
-        per_step = (p50(samples[label][STEPS]) - p50(samples[than][STEPS]) - per_model) / STEPS
-        return per_model, per_step - per_model
+    def step(runs: dict[int, list[float]]) -> float:
+        return (p50(runs[STEPS]) - p50(runs[0])) / STEPS
 
-    print(f"`ainvoke` of a `create_agent` agent, scripted model, {RUNS} runs each (p50):\n")
+    print(f"\n`ainvoke` of a `create_agent` agent, scripted model, {RUNS} runs each (p50):\n")
     long = f"{STEPS + 1} model + {STEPS} tool calls"
-    print(
-        row("agent", "1 model call", long, "per model call", "per tool call", "over pass-through")
-    )
+    head = ("1 model call", long, "a step (model + tool call)")
+    print(row("agent", *head, "1 model call over bare", "a step over bare"))
     print(row("---", "---:", "---:", "---:", "---:", "---:"))
     for label, runs in samples.items():
-        cells = [f"{p50(runs[0]):,.0f} us", f"{p50(runs[STEPS]):,.0f} us"]
+        line = [f"{p50(runs[0]):,.0f} us", f"{p50(runs[STEPS]):,.0f} us", f"{step(runs):,.0f} us"]
         if label == BARE:
-            print(row(label, *cells, "", "", ""))
-            continue
-        model, tool_ = over(label, BARE)
-        cells += [f"{model:+,.0f} us", f"{tool_:+,.0f} us"]
-        if label == NOOP:
-            cells.append("")
+            line += ["", ""]
         else:
-            model, tool_ = over(label, NOOP)
-            cells.append(f"model {model:+,.0f} us, tool {tool_:+,.0f} us")
-        print(row(label, *cells))
+            line.append(f"{p50(runs[0]) - p50(base[0]):+,.0f} us")
+            line.append(f"{step(runs) - step(base):+,.0f} us")
+        print(row(label, *line))
     print(
-        "\n(per model call: the difference of the 1-call runs; per tool call: the difference of "
-        f"the long runs, less {STEPS + 1} model calls', over {STEPS}; LangChain runs every async "
-        "wrap hook through langsmith's `traceable`, two thread hops per call even with tracing "
-        "off, which the pass-through row shows)"
+        "\n(LangChain runs every async wrap hook through langsmith's `traceable`, which makes "
+        "two thread hops per call even with tracing off: the pass-through row)"
     )
     print(
         f"\n`create_agent(...)` itself, p50 of {BUILDS}: bare {p50(bare_builds):,.0f} us, "
