@@ -164,6 +164,46 @@ async def test_wait_returns_when_cancelled() -> None:
     await token.wait()  # already cancelled: returns at once
 
 
+def test_a_token_is_waited_on_from_one_event_loop_after_another() -> None:
+    # an agent built once and run by asyncio.run twice: the token outlives the first loop
+    token = Cancellation()
+
+    async def wait_then_cancel() -> None:
+        waiter = asyncio.create_task(token.wait())
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        waiter.cancel()  # the first loop's wait ends without a cancellation
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+
+    asyncio.run(wait_then_cancel())
+
+    async def second() -> None:
+        waiter = asyncio.create_task(token.wait())
+        await asyncio.sleep(0)
+        token.cancel("from the second loop")
+        await asyncio.wait_for(waiter, 1)
+
+    asyncio.run(second())
+    assert token.reason == "from the second loop"
+
+
+def test_cancel_from_another_thread_wakes_the_waiter_on_its_loop() -> None:
+    import threading
+
+    token = Cancellation()
+
+    async def main() -> None:
+        waiter = asyncio.create_task(token.wait())
+        await asyncio.sleep(0)
+        thread = threading.Thread(target=token.cancel, args=("from a thread",))
+        thread.start()
+        await asyncio.wait_for(waiter, 5)
+        thread.join()
+
+    asyncio.run(main())
+
+
 async def test_cancel_after_fires_on_the_clock_as_a_deadline() -> None:
     clock = FakeClock()
     token = Cancellation(clock=clock)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import weakref
@@ -64,7 +65,9 @@ class Cancellation:
       ``check`` raises :class:`DeadlineExceededError`. With the system clock both need a
       running event loop (``UsageError`` otherwise).
 
-    Call its methods from the event loop's thread.
+    Call its methods from the event loop's thread. ``wait`` may be awaited on one loop after
+    another (an agent built once and run by ``asyncio.run`` twice): ``cancel`` wakes each
+    waiter on its own loop.
     """
 
     __slots__ = (
@@ -74,9 +77,9 @@ class Cancellation:
         "_clock",
         "_deadline",
         "_error",
-        "_event",
         "_parent",
         "_timers",
+        "_waiters",
     )
 
     def __init__(self, *, clock: Clock = SYSTEM_CLOCK) -> None:
@@ -84,7 +87,10 @@ class Cancellation:
         self._clock = clock
         self._parent: Cancellation | None = None
         self._error: CancellationError | None = None
-        self._event: asyncio.Event | None = None
+        # One future per wait() in progress, each on the loop of its waiter: a token outlives
+        # event loops (an agent built once and run by asyncio.run twice), which an
+        # asyncio.Event, bound to the first loop that waits on it, does not.
+        self._waiters: set[asyncio.Future[None]] = set()
         self._callbacks: list[Callback] = []
         self._children: weakref.WeakSet[Cancellation] = weakref.WeakSet()
         self._timers: list[_Scheduled] = []
@@ -124,8 +130,9 @@ class Cancellation:
         for scheduled in timers:
             if scheduled._timer is not None:
                 scheduled._timer.cancel()
-        if self._event is not None:
-            self._event.set()
+        waiters, self._waiters = self._waiters, set()
+        for waiter in waiters:
+            _wake(waiter)
         callbacks, self._callbacks = self._callbacks, []
         for fn in callbacks:
             self._run_callback(fn)
@@ -154,9 +161,12 @@ class Cancellation:
         """Return once the token is cancelled (at once if it already is)."""
         if self._error is not None:
             return
-        if self._event is None:
-            self._event = asyncio.Event()
-        await self._event.wait()
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.add(waiter)
+        try:
+            await waiter
+        finally:
+            self._waiters.discard(waiter)
 
     def add_callback(self, fn: Callback) -> None:
         """Run ``fn(token)`` once on cancellation (at once if already cancelled)."""
@@ -228,6 +238,25 @@ class Cancellation:
     def __repr__(self) -> str:
         state = f"cancelled, reason={self.reason!r}" if self.is_cancelled else "active"
         return f"Cancellation({state})"
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    """Resolve ``waiter`` on its own loop (at once when that loop is the running one)."""
+    loop = waiter.get_loop()
+    try:
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        _resolve(waiter)
+        return
+    with contextlib.suppress(RuntimeError):  # its loop has closed: nobody waits any more
+        loop.call_soon_threadsafe(_resolve, waiter)
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _start_callback(fn: Callback, awaitable: Awaitable[object]) -> None:
