@@ -20,7 +20,6 @@ from corral.kernel import (
     ExecutionBudget,
     InvalidArgumentError,
     ToolRefused,
-    UsageError,
 )
 from corral.runtime import Cancellation, FakeClock, ModelPrice
 
@@ -210,15 +209,22 @@ def test_made_outside_an_event_loop_the_deadline_is_armed_by_the_first_call() ->
     asyncio.run(run())
 
 
-def test_one_oversight_keeps_to_one_event_loop() -> None:
-    oversight = Oversight(budget=ExecutionBudget(deadline_s=60))
+def test_one_oversight_runs_on_one_event_loop_after_another_with_its_deadline() -> None:
+    # a script's asyncio.run twice: the deadline is armed again on the second loop
+    oversight = Oversight(budget=ExecutionBudget(deadline_s=0.2))
 
-    async def one_call() -> None:
+    async def quick() -> None:
         await oversight.run_model(lambda: asyncio.sleep(0))
 
-    asyncio.run(one_call())
-    with pytest.raises(UsageError, match="first used on another event loop"):
-        asyncio.run(one_call())
+    async def hangs() -> None:
+        async def forever() -> None:
+            await asyncio.Event().wait()
+
+        with pytest.raises(DeadlineExceededError):
+            await oversight.run_model(forever)
+
+    asyncio.run(quick())
+    asyncio.run(hangs())  # abandoned at the deadline on this loop too
 
 
 def test_without_an_event_loop_no_call_starts_past_the_deadline() -> None:

@@ -122,10 +122,10 @@ class Oversight:
       the Oversight's creation), kept by one :class:`~corral.runtime.ExecutionTracker` for the
       object's whole life: several runs through one Oversight share it. Make one per task.
       It may be made outside an event loop (before a framework's ``run_sync`` starts one): the
-      deadline is then armed by the first call, still counted from the creation. Its calls
-      keep to the first call's event loop (``UsageError`` on another: its deadline and
-      cancellation live there); without a loop at all (a framework's synchronous hooks) no
-      call starts past the deadline, but one in flight cannot be abandoned.
+      deadline is then armed by the first call, still counted from the creation, and again on
+      each later event loop (a script's second ``asyncio.run``); without a loop at all (a
+      framework's synchronous hooks) no call starts past the deadline, but one in flight
+      cannot be abandoned.
       Dollars come from ``prices`` (model name -> :class:`~corral.runtime.ModelPrice`) unless
       the framework gives a cost; a dollar budget with a model that has no price stops with
       ``CostUnknownError`` (``cost_unknown``), as in corral's own loop.
@@ -188,7 +188,7 @@ class Oversight:
         token = (cancellation or Cancellation(clock=clock)).child()
         self.cancellation = token
         self._deadline_at: datetime | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._armed_on: asyncio.AbstractEventLoop | None = None
         if self.budget.deadline_s is not None:
             # the deadline is a cancellation, so a call in flight is abandoned when it passes
             self._deadline_at = clock.now() + timedelta(seconds=self.budget.deadline_s)
@@ -202,9 +202,11 @@ class Oversight:
     # --- model calls -----------------------------------------------------------------------
 
     def _arm_deadline(self) -> None:
-        """Schedule the deadline on the token. Made outside a running event loop (before a
-        framework's ``run_sync`` starts its own), the system clock cannot schedule it yet: it
-        is then armed by the first call, still counted from the Oversight's creation."""
+        """Schedule the deadline on the token, on the running event loop. Made outside a
+        running loop (before a framework's ``run_sync`` starts its own), the system clock
+        cannot schedule it yet: it is then armed by the first call, still counted from the
+        Oversight's creation; and again by the first call on each later loop (a second
+        ``asyncio.run``), whose timers the first loop's do not reach."""
         when = self._deadline_at
         if when is None:
             return
@@ -212,37 +214,31 @@ class Oversight:
             self.cancellation.cancel_at(when)
         except UsageError:
             return  # no running loop yet
-        self._deadline_at = None
+        try:
+            self._armed_on = asyncio.get_running_loop()
+        except RuntimeError:
+            self._armed_on = None  # a fake clock schedules without a loop
 
     def _ready(self) -> None:
-        """Before each call: arm the deadline if it is not yet, and keep to one event loop."""
+        """Before each call: the deadline armed on this call's event loop."""
+        when = self._deadline_at
+        if when is None:
+            return
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             loop = None  # a framework's synchronous hook
-        if loop is not None:
-            if self._loop is None:
-                self._loop = loop
-            elif loop is not self._loop:
-                # The token's timers and event live on the first call's loop.
-                raise UsageError(
-                    "this Oversight was first used on another event loop (its deadline and "
-                    "cancellation live there): make one per task, and run each task on one "
-                    "loop (one asyncio.run)",
-                    agent_id=self.agent_id,
-                )
-        when = self._deadline_at
-        if when is not None:
+        if loop is not None and loop is not self._armed_on:
             self._arm_deadline()
+        if loop is None or self._armed_on is not loop:
             now = self.clock.now()
-            if self._deadline_at is not None and now >= when:
+            if now >= when:
                 # no loop to arm it on: a call in flight cannot be abandoned, but none starts
                 raise DeadlineExceededError(when.isoformat(), now.isoformat())
 
     def before_model(self) -> None:
         """Raise unless a model call may start: not cancelled, deadline not passed, room left
-        in every budget dimension. ``UsageError`` when called on another event loop than the
-        first call (an Oversight's deadline and cancellation live on one loop)."""
+        in every budget dimension."""
         self._ready()
         self.meta.check()
         self.tracker.check()
