@@ -16,7 +16,9 @@ seconds to start); each test has agents of its own.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import sqlite3
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
@@ -32,13 +34,21 @@ from langchain.agents import create_agent
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.tools import StructuredTool
-from pydantic_ai.messages import ModelMessage, ModelResponse
+from pydantic_ai import Agent
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from corral.client import AgentHandle, Connection, connect
+from corral.client import AgentHandle, Connection, DaemonRefusedError, connect
 from corral.integrations import Oversight
 from corral.integrations.langchain import CorralMiddleware
 from corral.integrations.openai_agents import CorralRunner
+from corral.integrations.pydantic_ai import CorralCapability
 from corral.kernel import CancellationError
 from corral.runtime import BudgetUsage
 from tests.support.front_door import serve_env
@@ -59,7 +69,12 @@ RunTurn = Callable[[AgentHandle, str, Any], Coroutine[Any, Any, tuple[str, Budge
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
-    with ServeProcess(tmp_path_factory.mktemp("serve")) as served:
+    """``corral serve`` fronting one database, ``shop`` (a users table), for the gateway."""
+    tmp = tmp_path_factory.mktemp("serve")
+    with sqlite3.connect(tmp / "shop.db") as db:
+        db.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, email TEXT)")
+        db.execute("INSERT INTO users VALUES (1, 'ada@example.com')")
+    with ServeProcess(tmp, "--db", f"shop=sqlite:///{tmp / 'shop.db'}") as served:
         yield served
 
 
@@ -318,6 +333,45 @@ async def test_corral_stop_abandons_the_model_call_in_flight(
     (row,) = (await person.get(f"/agents/{agent.id}/turns")).json()["turns"]
     assert (row["turn"], row["outcome"]) == (1, "interrupted")
     assert (await agent.get())["state"] == "stopped"
+
+
+# --- the daemon's gateway as a tool -------------------------------------------------------------
+
+
+async def test_the_daemons_gateway_is_the_agents_db_query_tool(
+    conn: Connection, person: httpx.AsyncClient
+) -> None:
+    agent = await register(conn, "analyst")
+    queries = [{"sql": "SELECT emial FROM users"}, {"sql": "SELECT email FROM users"}]
+    answers: list[Any] = []
+
+    def script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        said = [p for m in messages for p in m.parts if isinstance(p, ToolReturnPart)]
+        answers[:] = [json.loads(str(p.content)) for p in said]
+        if len(said) < len(queries):
+            request = queries[len(said)]
+            return ModelResponse(parts=[ToolCallPart("db_query", {"request": request})])
+        return ModelResponse(parts=[TextPart(answers[-1]["rows"][0]["email"])])
+
+    async with agent.turn("what is the user's email?") as turn:
+        corral = CorralCapability(
+            Oversight.connected(agent, gateway=agent, budget=turn.remaining, prices=example.PRICES)
+        )
+        result = await Agent(FunctionModel(script, model_name="gpt-4o"), capabilities=[corral]).run(
+            turn.text
+        )
+        turn.output = result.output
+    refused, read = answers
+    assert (refused["error"], refused["details"]["suggestions"]) == ("unknown_column", ["email"])
+    assert read["rows"] == [{"email": "ada@example.com"}]
+    assert result.output == "ada@example.com"
+    # the queries were the agent's own: its breaker in that database counted the refusal,
+    # also one made through a handle that names the agent instead of giving its id
+    with pytest.raises(DaemonRefusedError) as again:
+        await conn.agent("analyst").query("analyst", queries[0])
+    assert again.value.code == "unknown_column"
+    status = (await person.get(f"/gateway/shop/agents/{agent.id}")).json()
+    assert status["counts"]["refusals"] == 2, status
 
 
 # --- the example, as a process of its own, and as the docs show it --------------------------------
