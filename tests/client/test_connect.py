@@ -411,3 +411,22 @@ async def test_a_huge_context_is_sent_cut_short(conn: Connection, door: FrontDoo
     check.cancel()
     with pytest.raises(asyncio.CancelledError):
         await check
+
+
+# --- the gateway (through a real corral serve: tests/integrations/test_daemon_oversight.py) ------
+
+
+async def test_query_is_this_agents_own_and_refuses_bad_requests_before_sending(
+    conn: Connection,
+) -> None:
+    agent = await conn.register("reader")
+    with pytest.raises(InvalidArgumentError, match="this agent"):
+        await agent.query("someone-else", {"sql": "SELECT 1"})
+    with pytest.raises(InvalidArgumentError, match="a mapping"):
+        await agent.query(agent.id, "SELECT 1")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="no 'agent' or 'target' field"):
+        await agent.query(agent.id, {"sql": "SELECT 1", "agent": "a_other"})
+    # this daemon fronts no database: the refusal is the daemon's, typed
+    with pytest.raises(DaemonRefusedError) as refused:
+        await agent.query("reader", {"sql": "SELECT 1"})
+    assert (refused.value.code, refused.value.status) == ("unknown_target", 404)

@@ -18,11 +18,11 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def example(doc: str, heading: str) -> str:
-    """The python block of the section ``heading`` of ``doc``."""
+    """The first python block of the section ``heading`` of ``doc`` (a later one, a framework's
+    agent connected, is run by tests/integrations/test_daemon_oversight.py)."""
     text = (DOCS / doc).read_text()
     section = text.split(heading, 1)[1].split("\n## ", 1)[0]
-    (block,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
-    return str(block)
+    return str(re.findall(r"```python\n(.*?)```", section, flags=re.S)[0])
 
 
 @pytest.fixture

@@ -231,3 +231,68 @@ def test_without_an_event_loop_no_call_starts_past_the_deadline() -> None:
     oversight = Oversight(budget=ExecutionBudget(deadline_s=0))
     with pytest.raises(DeadlineExceededError):
         oversight.before_model()
+
+
+class FakeHandle:
+    """A daemon agent handle's shape (``corral.client.AgentHandle``): an id, a check that
+    records what it was asked, and a cancellation read only where a loop runs."""
+
+    def __init__(self, agent_id: str = "a_1f2e") -> None:
+        self.id = agent_id
+        self.asked: list[tuple[str, str]] = []
+        self.reads = 0
+        self._cancellation = Cancellation()
+
+    @property
+    def cancellation(self) -> Cancellation:
+        self.reads += 1
+        return self._cancellation
+
+    async def check_action(
+        self, agent_id: str, action: str, context: dict[str, object] | None = None
+    ) -> GuardrailResult:
+        self.asked.append((agent_id, action))
+        if action.startswith("refund"):
+            return GuardrailResult.blocked("denied by alice: not this one")
+        return GuardrailResult.allow()
+
+
+async def test_connected_checks_with_the_handle_as_its_agent_and_stops_with_it() -> None:
+    handle = FakeHandle()
+    oversight = Oversight.connected(handle, budget=ExecutionBudget(max_turns=5))
+    assert (oversight.agent_id, oversight.supervisor, oversight.budget.max_turns) == (
+        "a_1f2e",
+        handle,
+        5,
+    )
+
+    async def tool() -> str:
+        return "ran"
+
+    assert await oversight.run_tool("lookup", {"order_id": 7}, tool) == "ran"
+    assert await oversight.check_tool("refund", {"order_id": 7}) == (
+        "tool 'refund' refused: denied by alice: not this one"
+    )
+    assert handle.asked == [
+        ("a_1f2e", 'lookup {"order_id": 7}'),
+        ("a_1f2e", 'refund {"order_id": 7}'),
+    ]
+    handle.cancellation.cancel("agent a_1f2e was stopped by alice in the daemon")
+    assert oversight.cancellation.is_cancelled
+    with pytest.raises(CancellationError, match="stopped by alice"):
+        await oversight.run_model(lambda: asyncio.sleep(0))
+
+
+def test_connected_needs_a_running_loop_and_reads_nothing_before() -> None:
+    handle = FakeHandle()
+    with pytest.raises(UsageError, match="needs a running event loop"):
+        Oversight.connected(handle)
+    assert handle.reads == 0  # the handle's watch of the daemon was not started
+
+
+async def test_connected_refuses_what_is_not_a_handle() -> None:
+    with pytest.raises(InvalidArgumentError, match="a daemon agent handle"):
+        Oversight.connected(supervisor())  # type: ignore[arg-type]
+    handle = FakeHandle("")
+    with pytest.raises(InvalidArgumentError, match=r"Oversight\.connected: agent\.id"):
+        Oversight.connected(handle)

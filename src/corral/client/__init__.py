@@ -5,7 +5,9 @@
 ask before acting (``handle.check_action``, a ``corral.guard.Supervisor``'s shape: rules,
 a person's approval) and report turns (``async with handle.turn(prompt) as turn``: usage
 against budgets, failure policy and breaker, events, ``corral agents``, the console,
-``/metrics``). See docs/daemon.md, "Agents in their own process".
+``/metrics``), and query the daemon's gateway as itself (``handle.query``). A framework
+agent takes all of it through ``corral.integrations.Oversight.connected(handle)``. See
+docs/daemon.md, "Agents in their own process".
 
     async with corral.connect() as conn:
         agent = await conn.register("researcher", budget={"maxCostUsd": 2.0})

@@ -48,6 +48,9 @@ class AgentHandle:
         self.name: str | None = None if record is None else record.get("name")
         self._path = f"/agents/{quote(self.id, safe='')}"
         self._cancellation: Cancellation | None = None
+        # The agent's id as the daemon knows it (a handle made by name learns it from the
+        # first record read): the gateway keys its breakers and freezes by it.
+        self._agent_id: str | None = None if record is None else self.id
 
     @property
     def cancellation(self) -> Cancellation:
@@ -71,6 +74,7 @@ class AgentHandle:
         """The agent's record (``GET /agents/{id}``): state, reason, usage, spec, ..."""
         _, record = await self.connection.wire.call("GET", self._path, retry=True)
         self.name = record.get("name", self.name)
+        self._agent_id = str(record.get("id") or self._agent_id or self.id)
         return record
 
     # --- asking before acting -------------------------------------------------------------------
@@ -134,6 +138,47 @@ class AgentHandle:
             if agent_id not in (self.id, self.name):
                 found["caller"] = agent_id
         return found
+
+    # --- the daemon's gateway -------------------------------------------------------------------
+
+    async def query(
+        self, agent_id: str, request: Mapping[str, Any], *, target: str | None = None
+    ) -> Json:
+        """Run one gateway request as this agent (``POST /gateway/query``) on the database
+        ``target`` (``--db NAME=...``; None: the only one): ``{"sql": ..., "params": [...]}``
+        or a structured operation (``{"op": "find", "table": ...}``), as docs/gateway.md says.
+        Answers the daemon's JSON (``rows``, ``status``, ``emptiness``, ...). The shape of
+        ``corral.gateway.Gateway.query``, so the handle is an adapter's ``gateway``
+        (``Oversight.connected(handle, gateway=handle)``).
+
+        Raises :class:`DaemonRefusedError` with the gateway's code for what it refuses
+        (``unknown_column`` with its close matches in ``details``, ``agent_frozen``,
+        ``idempotency_key_required``, ...) and :class:`DaemonUnreachableError` when no
+        daemon answers; a request that could not be told is sent again while the daemon is
+        away (a write carries its ``idempotency_key``, so it is replayed, never applied
+        twice). ``InvalidArgumentError`` for an ``agent_id`` other than this agent's id or
+        name (the handle queries as its own agent only), a ``request`` that is not a mapping
+        or that names ``agent`` or ``target``.
+        """
+        where = "AgentHandle.query"
+        v.non_empty_str(where, "agent_id", agent_id)
+        if agent_id not in (self.id, self.name, self._agent_id):
+            raise InvalidArgumentError(where, "agent_id", f"this agent ({self.id})", agent_id)
+        if not isinstance(request, Mapping):
+            raise InvalidArgumentError(
+                where, "request", "a mapping: {sql, params} or {op, table, ...}", request
+            )
+        taken = sorted({"agent", "target"} & set(request))
+        if taken:
+            raise InvalidArgumentError(where, "request", "no 'agent' or 'target' field", taken)
+        v.non_empty_str(where, "target", target, optional=True)
+        if self._agent_id is None:
+            await self.get()
+        body: Json = {**request, "agent": self._agent_id}
+        if target is not None:
+            body["target"] = target
+        _, answer = await self.connection.wire.call("POST", "/gateway/query", body=body, retry=True)
+        return answer
 
     # --- turns ----------------------------------------------------------------------------------
 

@@ -7,6 +7,12 @@ framework's hooks. Importing this package imports no framework. The manual is
 docs/integrations.md.
 """
 
-from corral.integrations._oversight import ActionChecker, GatewayTool, Oversight, QueryGateway
+from corral.integrations._oversight import (
+    ActionChecker,
+    ConnectedAgent,
+    GatewayTool,
+    Oversight,
+    QueryGateway,
+)
 
-__all__ = ["ActionChecker", "GatewayTool", "Oversight", "QueryGateway"]
+__all__ = ["ActionChecker", "ConnectedAgent", "GatewayTool", "Oversight", "QueryGateway"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ from corral.runtime.middleware import CancellationCheck
 
 T = TypeVar("T")
 
+_CONNECTED = ("id", "check_action", "cancellation")
+
 
 @runtime_checkable
 class ActionChecker(Protocol):
@@ -61,6 +64,24 @@ class QueryGateway(Protocol):
     or a daemon agent handle."""
 
     async def query(self, agent_id: str, request: Mapping[str, Any]) -> Any: ...
+
+
+@runtime_checkable
+class ConnectedAgent(Protocol):
+    """An agent of the daemon as its own process holds it -- a ``corral.client.AgentHandle``
+    (``corral.connect(...).register(...)`` or ``.agent(...)``): its ``id``, its
+    ``check_action`` (the daemon's rules, a person's answer) and a ``cancellation`` the
+    daemon cancels when it stops the agent. See :meth:`Oversight.connected`."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def cancellation(self) -> Cancellation: ...
+
+    def check_action(
+        self, agent_id: str, action: str, context: dict[str, object] | None = None
+    ) -> Any: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +219,63 @@ class Oversight:
         if supervisor is not None:
             guard.append(ToolGuard(supervisor.check_action))
         self._tools = MiddlewarePipeline([*layers, CancellationCheck(), *guard])
+
+    @classmethod
+    def connected(
+        cls,
+        agent: ConnectedAgent,
+        *,
+        budget: ExecutionBudget | None = None,
+        prices: Mapping[str, ModelPrice] | None = None,
+        gateway: QueryGateway | None = None,
+        middleware: Iterable[Middleware] = (),
+        tenant_id: str | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> Oversight:
+        """An Oversight for a daemon agent in its own process: ``agent`` (a
+        ``corral.client.AgentHandle``) checks every tool call (the daemon's rules; a person
+        answers what a rule asks, the call waiting), its ``cancellation`` stops the work when
+        the daemon stops the agent (``corral stop``, the console, its parent), and its ``id``
+        is the ``agent_id`` -- the three things a connected agent must not get wrong, set in
+        one place. The other arguments are the constructor's; ``budget`` is typically the
+        turn's ``turn.remaining`` (the daemon refuses the next turn past a budget, this
+        stops the loop inside the turn). Give it to an adapter in place of its arguments:
+        ``CorralCapability(Oversight.connected(handle, ...))``.
+
+        Call it inside the running event loop the agent runs on (the handle follows the
+        daemon's events from there): ``UsageError`` without one. ``InvalidArgumentError``
+        when ``agent`` has no ``id``, ``check_action`` or ``cancellation``.
+        """
+        where = "Oversight.connected"
+        # Looked up statically: reading ``cancellation`` starts following the daemon's
+        # events, which only happens once a loop is known to run (isinstance on the protocol
+        # would read it, on Python 3.11).
+        if any(inspect.getattr_static(agent, name, None) is None for name in _CONNECTED):
+            raise InvalidArgumentError(
+                where, "agent", "a daemon agent handle (id, check_action, cancellation)", agent
+            )
+        v.non_empty_str(where, "agent.id", agent.id)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            raise UsageError(
+                f"{where} needs a running event loop: the handle's cancellation follows the "
+                "daemon's events on it; call it inside the coroutine that runs the agent",
+                agent_id=agent.id,
+            ) from None
+        cancellation = agent.cancellation
+        v.instance_of(where, "agent.cancellation", cancellation, Cancellation)
+        return cls(
+            agent_id=agent.id,
+            supervisor=agent,
+            budget=budget,
+            prices=prices,
+            cancellation=cancellation,
+            gateway=gateway,
+            middleware=middleware,
+            tenant_id=tenant_id,
+            clock=clock,
+        )
 
     # --- model calls -----------------------------------------------------------------------
 
