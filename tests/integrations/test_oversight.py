@@ -20,6 +20,7 @@ from corral.kernel import (
     ExecutionBudget,
     InvalidArgumentError,
     ToolRefused,
+    UsageError,
 )
 from corral.runtime import Cancellation, FakeClock, ModelPrice
 
