@@ -353,7 +353,7 @@ async def test_close_commits_what_was_accepted_first(backend: Backend, store: Gr
     assert again.state.last_seq == 4
 
 
-# --- the same projections as one transaction per append (property) ---------------------------
+# --- the same projections as one transaction per append (property; `make fuzz-stores`: more) -
 
 EXAMPLES = int(os.environ.get("CORRAL_FUZZ_EXAMPLES", "10"))
 SETTINGS = settings(
@@ -373,7 +373,22 @@ EVENT = st.one_of(
     AGENT.map(lambda a: ev.deleted(a, "ops", None, with_=None)),
     st.sampled_from(["k1", "k2"]).map(lambda k: command(k, "a_0")),
 )
-APPENDS = st.lists(st.lists(EVENT, min_size=1, max_size=3), min_size=1, max_size=12)
+
+
+def up_to_a_deletion(events: list[NewEvent]) -> list[NewEvent]:
+    """``events`` up to the first ``agent.deleted``. Within ONE append, events after a
+    deletion meet a reducer that still finds the deleted agent (one ``Tx`` does not hide it),
+    so a replay, one event at a time, can differ: no store promises more there, and the
+    daemon writes a deletion last. Across appends the group committer keeps it exact."""
+    for i, new in enumerate(events):
+        if new.type == ev.AGENT_DELETED:
+            return events[: i + 1]
+    return events
+
+
+APPENDS = st.lists(
+    st.lists(EVENT, min_size=1, max_size=3).map(up_to_a_deletion), min_size=1, max_size=12
+)
 
 
 def one_tx_per_append(appends: list[list[NewEvent]], ts: str) -> tuple[State, list[bool]]:
