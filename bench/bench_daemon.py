@@ -81,8 +81,10 @@ async def postgres_url() -> AsyncIterator[str]:
 
 
 async def turns_per_second(url: str, home: Path) -> tuple[float, CommitStats]:
-    """100 agents, each prompted again as soon as its last turn is done, for SECONDS; and
-    how the store committed the appends of the timed part."""
+    """100 agents, each prompted again as soon as its last turn is done, for SECONDS, after
+    one untimed turn each (which starts each agent's worker: a fork, tens of ms on a busy
+    machine, which the timed part would otherwise mostly measure); and how the store
+    committed the appends of the timed part."""
     store = open_store(url)
     await store.open()
     service = AgentService(store, home=home, harnesses={"python": PythonHarness()})
@@ -97,15 +99,20 @@ async def turns_per_second(url: str, home: Path) -> tuple[float, CommitStats]:
 
     watcher = asyncio.create_task(watch())
     await asyncio.sleep(0)
+
+    async def one_turn(agent_id: str) -> None:
+        idle[agent_id].clear()
+        await service.prompt(agent_id, "go")
+        await idle[agent_id].wait()
+
+    await asyncio.gather(*(one_turn(a) for a in ids))  # warm-up
     end = time.perf_counter() + SECONDS
     done = 0
 
     async def drive(agent_id: str) -> None:
         nonlocal done
         while time.perf_counter() < end:
-            idle[agent_id].clear()
-            await service.prompt(agent_id, "go")
-            await idle[agent_id].wait()
+            await one_turn(agent_id)
             done += 1
 
     before = commit_stats(store)
@@ -314,18 +321,19 @@ class Throughput:
     """One engine's turns and appends against its bare commits, measured side by side."""
 
     label: str
-    bare: float  # bare durable commits/s
+    bare: tuple[float, float]  # bare durable commits/s, just before and just after the turns
     turns: float
     turn_stats: CommitStats
     appends: float
     append_stats: CommitStats
 
     def row(self) -> str:
+        before, after = self.bare
         return row(
             self.label,
-            f"{self.bare:,.0f}",
+            f"{before:,.0f} / {after:,.0f}",
             f"{self.turns:,.0f}",
-            f"{self.turns / self.bare:.0%}",
+            f"{self.turns / ((before + after) / 2):.0%}",
             per_commit(self.turn_stats),
             f"{self.appends:,.0f}",
             per_commit(self.append_stats),
@@ -334,9 +342,11 @@ class Throughput:
 
 async def run(label: str, fresh: StoreURL, tmp: Path) -> tuple[list[str], Throughput]:
     async with fresh() as url:
-        bare = await asyncio.to_thread(bare_commits, url)
+        bare_before = await asyncio.to_thread(bare_commits, url)
     async with fresh() as url:
         rate, turn_stats = await turns_per_second(url, tmp / f"{label}-turns")
+    async with fresh() as url:
+        bare_after = await asyncio.to_thread(bare_commits, url)
     async with fresh() as url:
         appends, append_stats = await appends_per_second(url)
     async with fresh() as url:
@@ -352,6 +362,7 @@ async def run(label: str, fresh: StoreURL, tmp: Path) -> tuple[list[str], Throug
             f"{restart:.3f} s ({events:,} events)",
         )
     ]
+    bare = (bare_before, bare_after)
     return lines, Throughput(label, bare, rate, turn_stats, appends, append_stats)
 
 
@@ -387,9 +398,9 @@ def main() -> None:
     print(
         row(
             "store",
-            "bare commits/s",
+            "bare commits/s (before / after)",
             f"no-op turns/s ({AGENTS} agents)",
-            "turns / bare",
+            "turns / bare (mean)",
             "appends per commit (turns)",
             f"appends/s ({APPENDERS} appenders)",
             "appends per commit (appenders)",
