@@ -39,7 +39,8 @@ fuzz-api: $(STAMP)
 	CORRAL_FUZZ_EXAMPLES=200 $(BIN)/pytest -q -p no:randomly tests/daemon/test_api_fuzz.py
 
 fuzz-stores: $(STAMP)
-	CORRAL_FUZZ_EXAMPLES=300 $(BIN)/pytest -q -p no:randomly tests/daemon/test_store_properties.py
+	CORRAL_FUZZ_EXAMPLES=300 $(BIN)/pytest -q -p no:randomly --timeout 900 tests/daemon/test_store_properties.py \
+		tests/daemon/test_store_group.py -k "round_trips or spawns or groups_make"
 
 fuzz-teams: $(STAMP)
 	CORRAL_FUZZ_EXAMPLES=1000 CORRAL_FUZZ_STEPS=50 $(BIN)/pytest -q -p no:randomly tests/daemon/test_teams_stateful.py

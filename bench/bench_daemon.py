@@ -1,10 +1,15 @@
-"""The agent service: turns per second, restart time, and state-change-to-SSE latency.
+"""The agent service: turns per second, restart time, and state-change-to-SSE latency; and
+turns per second against what the engine's bare durable commits do in the same run.
 
 Goals (issue: the daemon): at least 500 no-op turns/s on SQLite with 100 agents; SSE p99
-under 50 ms; restart with 1,000 agents under 2 s. Run with
-``.venv/bin/python -m bench bench_daemon``. The PostgreSQL rows need a server at
-``CORRAL_BENCH_PG`` (default postgresql://postgres@127.0.0.1:5432/postgres); without one
-they are skipped with a note.
+under 50 ms; restart with 1,000 agents under 2 s. Goals (issue 16, group commit): no-op
+turns/s at least 50 % of the bare commit rate, on SQLite (one writer: ``BEGIN IMMEDIATE``,
+``INSERT``, ``COMMIT`` with the store's pragmas) and on PostgreSQL (one client's ``INSERT``
+and ``COMMIT``, ``synchronous_commit`` on). The second table also gives how many appends
+each commit held during the turns (``commit_stats``), and the store alone under 100
+concurrent appenders of one event each. Run with ``.venv/bin/python -m bench bench_daemon``.
+The PostgreSQL rows need a server at ``CORRAL_BENCH_PG`` (default
+postgresql://postgres@127.0.0.1:5432/postgres); without one they are skipped with a note.
 """
 
 from __future__ import annotations
@@ -12,12 +17,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sqlite3
 import statistics
 import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -26,19 +33,24 @@ import httpx
 from bench._harness import row
 from corral.daemon import (
     AgentService,
+    NewEvent,
     PythonHarness,
     ServeConfig,
+    SQLiteStore,
     open_store,
     read_token_file,
     serve,
     token_path,
 )
+from corral.daemon.stores import CommitStats, PostgresStore
 
 AGENTS = 100
 SECONDS = 5.0
 RESTART_AGENTS = 1_000
 SSE_AGENTS = 20
 SSE_ROUNDS = 25
+BARE_SECONDS = 3.0
+APPENDERS = 100
 SPEC = {"name": "noop", "harness": "python", "function": "bench._noop_agent:turn"}
 PG_ADMIN = os.environ.get("CORRAL_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -68,8 +80,11 @@ async def postgres_url() -> AsyncIterator[str]:
             await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
-async def turns_per_second(url: str, home: Path) -> float:
-    """100 agents, each prompted again as soon as its last turn is done, for SECONDS."""
+async def turns_per_second(url: str, home: Path) -> tuple[float, CommitStats]:
+    """100 agents, each prompted again as soon as its last turn is done, for SECONDS, after
+    one untimed turn each (which starts each agent's worker: a fork, tens of ms on a busy
+    machine, which the timed part would otherwise mostly measure); and how the store
+    committed the appends of the timed part."""
     store = open_store(url)
     await store.open()
     service = AgentService(store, home=home, harnesses={"python": PythonHarness()})
@@ -84,24 +99,132 @@ async def turns_per_second(url: str, home: Path) -> float:
 
     watcher = asyncio.create_task(watch())
     await asyncio.sleep(0)
+
+    async def one_turn(agent_id: str) -> None:
+        idle[agent_id].clear()
+        await service.prompt(agent_id, "go")
+        await idle[agent_id].wait()
+
+    await asyncio.gather(*(one_turn(a) for a in ids))  # warm-up
     end = time.perf_counter() + SECONDS
     done = 0
 
     async def drive(agent_id: str) -> None:
         nonlocal done
         while time.perf_counter() < end:
-            idle[agent_id].clear()
-            await service.prompt(agent_id, "go")
-            await idle[agent_id].wait()
+            await one_turn(agent_id)
             done += 1
 
+    before = commit_stats(store)
     started = time.perf_counter()
     await asyncio.gather(*(drive(a) for a in ids))
     elapsed = time.perf_counter() - started
+    stats = delta(before, commit_stats(store))
     watcher.cancel()
     await service.close()
     await store.close()
-    return done / elapsed
+    return done / elapsed, stats
+
+
+def commit_stats(store: object) -> CommitStats:
+    assert isinstance(store, SQLiteStore | PostgresStore)
+    return store.commit_stats
+
+
+def delta(before: CommitStats, after: CommitStats) -> CommitStats:
+    return CommitStats(
+        after.appends - before.appends,
+        after.events - before.events,
+        after.commits - before.commits,
+        after.largest,
+        after.refused - before.refused,
+    )
+
+
+def per_commit(stats: CommitStats) -> str:
+    return f"{stats.appends / max(stats.commits, 1):.2f} (max {stats.largest})"
+
+
+async def appends_per_second(url: str) -> tuple[float, CommitStats]:
+    """The store alone: APPENDERS tasks, each appending one event again as soon as its last
+    append returned, for SECONDS."""
+    store = open_store(url)
+    await store.open()
+    await store.append([NewEvent("gateway.agent_frozen", None, {"warm": True})])
+    end = time.perf_counter() + SECONDS
+    done = 0
+
+    async def appender(i: int) -> None:
+        nonlocal done
+        event = NewEvent("gateway.agent_frozen", f"a_{i}", {"n": i})
+        while time.perf_counter() < end:
+            await store.append([event])
+            done += 1
+
+    before = commit_stats(store)
+    started = time.perf_counter()
+    await asyncio.gather(*(appender(i) for i in range(APPENDERS)))
+    elapsed = time.perf_counter() - started
+    stats = delta(before, commit_stats(store))
+    await store.close()
+    return done / elapsed, stats
+
+
+def bare_sqlite_commits(path: Path) -> float:
+    """Durable commits/s of one SQLite writer with the store's pragmas (WAL, synchronous
+    FULL): ``BEGIN IMMEDIATE``, one ``INSERT`` of an event-sized row, ``COMMIT``."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA busy_timeout=5000")
+        conn.execute(
+            "CREATE TABLE events (seq INTEGER PRIMARY KEY, ts TEXT NOT NULL, type TEXT NOT NULL,"
+            " agent_id TEXT, data TEXT NOT NULL)"
+        )
+        data = json.dumps({"from": "idle", "to": "running", "reason": "prompted"})
+        seq = 0
+        end = time.perf_counter() + BARE_SECONDS
+        started = time.perf_counter()
+        while time.perf_counter() < end:
+            seq += 1
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(
+                "INSERT INTO events VALUES (?, ?, ?, ?, ?)",
+                (seq, "2026-01-01T00:00:00+00:00", "agent.state_changed", "a_1", data),
+            )
+            conn.execute("COMMIT")
+        return seq / (time.perf_counter() - started)
+    finally:
+        conn.close()
+
+
+def bare_postgres_commits(url: str) -> float:
+    """Durable commits/s of one PostgreSQL client (``synchronous_commit`` on): one ``INSERT``
+    of an event-sized row, then ``COMMIT``."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SHOW synchronous_commit").fetchone()
+        if row is None or row[0] != "on":
+            raise RuntimeError(f"synchronous_commit is {row}, not on: commits would not wait")
+        conn.execute(
+            "CREATE TABLE bare_events (seq bigint PRIMARY KEY, ts text NOT NULL,"
+            " type text NOT NULL, agent_id text, data json NOT NULL)"
+        )
+        conn.commit()
+        data = json.dumps({"from": "idle", "to": "running", "reason": "prompted"})
+        seq = 0
+        end = time.perf_counter() + BARE_SECONDS
+        started = time.perf_counter()
+        while time.perf_counter() < end:
+            seq += 1
+            conn.execute(
+                "INSERT INTO bare_events VALUES (%s, %s, %s, %s, %s)",
+                (seq, "2026-01-01T00:00:00+00:00", "agent.state_changed", "a_1", data),
+            )
+            conn.commit()
+        return seq / (time.perf_counter() - started)
 
 
 async def restart_seconds(url: str, home: Path) -> tuple[float, int]:
@@ -193,14 +316,44 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * p))]
 
 
-async def run(label: str, fresh: StoreURL, tmp: Path) -> list[str]:
+@dataclass(frozen=True)
+class Throughput:
+    """One engine's turns and appends against its bare commits, measured side by side."""
+
+    label: str
+    bare: tuple[float, float]  # bare durable commits/s, just before and just after the turns
+    turns: float
+    turn_stats: CommitStats
+    appends: float
+    append_stats: CommitStats
+
+    def row(self) -> str:
+        before, after = self.bare
+        return row(
+            self.label,
+            f"{before:,.0f} / {after:,.0f}",
+            f"{self.turns:,.0f}",
+            f"{self.turns / ((before + after) / 2):.0%}",
+            per_commit(self.turn_stats),
+            f"{self.appends:,.0f}",
+            per_commit(self.append_stats),
+        )
+
+
+async def run(label: str, fresh: StoreURL, tmp: Path) -> tuple[list[str], Throughput]:
     async with fresh() as url:
-        rate = await turns_per_second(url, tmp / f"{label}-turns")
+        bare_before = await asyncio.to_thread(bare_commits, url)
+    async with fresh() as url:
+        rate, turn_stats = await turns_per_second(url, tmp / f"{label}-turns")
+    async with fresh() as url:
+        bare_after = await asyncio.to_thread(bare_commits, url)
+    async with fresh() as url:
+        appends, append_stats = await appends_per_second(url)
     async with fresh() as url:
         restart, events = await restart_seconds(url, tmp / f"{label}-restart")
     async with fresh() as url:
         latencies = await sse_latency(url, tmp / f"{label}-sse")
-    return [
+    lines = [
         row(
             label,
             f"{rate:,.0f}",
@@ -209,6 +362,14 @@ async def run(label: str, fresh: StoreURL, tmp: Path) -> list[str]:
             f"{restart:.3f} s ({events:,} events)",
         )
     ]
+    bare = (bare_before, bare_after)
+    return lines, Throughput(label, bare, rate, turn_stats, appends, append_stats)
+
+
+def bare_commits(url: str) -> float:
+    if url.startswith("sqlite:///"):
+        return bare_sqlite_commits(Path(url.removeprefix("sqlite:///")))
+    return bare_postgres_commits(url)
 
 
 def main() -> None:
@@ -222,14 +383,32 @@ def main() -> None:
         )
     )
     print(row("---", "---:", "---:", "---:", "---:"))
+    throughput = []
     with tempfile.TemporaryDirectory() as tmp:
-        for line in asyncio.run(run("SQLite", sqlite_url(Path(tmp)), Path(tmp))):
-            print(line)
+        lines, measured = asyncio.run(run("SQLite", sqlite_url(Path(tmp)), Path(tmp)))
+        print(*lines, sep="\n")
+        throughput.append(measured)
         try:
-            for line in asyncio.run(run("PostgreSQL", postgres_url, Path(tmp))):
-                print(line)
+            lines, measured = asyncio.run(run("PostgreSQL", postgres_url, Path(tmp)))
+            print(*lines, sep="\n")
+            throughput.append(measured)
         except OSError as exc:  # no server answers: say so rather than fail the whole run
             print(f"PostgreSQL skipped: {exc}")
+    print()
+    print(
+        row(
+            "store",
+            "bare commits/s (before / after)",
+            f"no-op turns/s ({AGENTS} agents)",
+            "turns / bare (mean)",
+            "appends per commit (turns)",
+            f"appends/s ({APPENDERS} appenders)",
+            "appends per commit (appenders)",
+        )
+    )
+    print(row("---", "---:", "---:", "---:", "---:", "---:", "---:"))
+    for measured in throughput:
+        print(measured.row())
 
 
 if __name__ == "__main__":

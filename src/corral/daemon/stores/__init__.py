@@ -3,12 +3,13 @@
 from typing import TYPE_CHECKING
 
 from corral.daemon.stores._base import Store
+from corral.daemon.stores._group import CommitStats
 from corral.daemon.stores._sqlite import SQLiteStore
 
 if TYPE_CHECKING:
     from corral.daemon.stores._postgres import PostgresStore
 
-__all__ = ["PostgresStore", "SQLiteStore", "Store"]
+__all__ = ["CommitStats", "PostgresStore", "SQLiteStore", "Store"]
 
 
 def __getattr__(name: str) -> object:

@@ -20,6 +20,12 @@ class Store(Protocol):
       and returns only after it has committed (durably: a ``kill -9`` right after loses
       nothing); on an error ``state`` is unchanged, and nothing is written unless the error
       came after the commit (then :meth:`refresh`, or the next append, brings it in).
+    - That transaction may hold other callers' appends too (group commit: appends that
+      arrive while a commit is in flight go together in the next one, sharing its ``ts``):
+      each caller still gets only its own events, consecutive, and the projections come out
+      as with one transaction per append. Events the reducer or the database refuses fail
+      their own append alone; a store failure fails every append of the group
+      (``stores._group`` and docs/daemon.md, "Group commit", say how).
     - :meth:`append` refuses events holding a string no store can keep (a lone surrogate or
       NUL) with :class:`UnstorableValueError`, before anything is written
       (:func:`refuse_unstorable`), the same on every store.
@@ -27,7 +33,9 @@ class Store(Protocol):
     - ``state`` is the projections as of the last committed event; treat it as read-only.
     - :meth:`replay` rebuilds projections from the log alone, without touching the stored
       ones, so a caller can check ``replay().snapshot() == state.snapshot()``.
-    - Appends are serialised; callers may call :meth:`append` from many tasks at once.
+    - Appends are serialised in the order they were called; callers may call :meth:`append`
+      from many tasks at once. Once begun, an append is not taken back by cancelling its
+      caller: its events commit and ``state`` follows.
     """
 
     @property

@@ -22,7 +22,8 @@ from corral.daemon._events import Event, NewEvent
 from corral.daemon._sessions import row_changes
 from corral.daemon._state import PROJECTIONS_VERSION, ReplayError, State, Tx, replay
 from corral.daemon.stores._base import refuse_unstorable
-from corral.daemon.stores._sqlite import _dump, _retrieve
+from corral.daemon.stores._group import CommitStats, GroupCommitter, Pending, Plan, plan
+from corral.daemon.stores._sqlite import _dump
 from corral.daemon.stores._turns import PostgresTurns, postgres_ddl
 from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError, UsageError
 from corral.kernel import _validate as v
@@ -115,6 +116,7 @@ class _Statements:
         )
         self.load_counter = q("SELECT last_seq FROM {counter}")
         self.bump = q("UPDATE {counter} SET last_seq = last_seq + %s RETURNING last_seq")
+        self.set_counter = q("UPDATE {counter} SET last_seq = %s")
         self.insert_event = q(
             "INSERT INTO {events} (seq, ts, type, agent_id, data) VALUES (%s, %s, %s, %s, %s)"
         )
@@ -148,9 +150,11 @@ class PostgresStore(PostgresTurns):
 
     ``dsn`` is a libpq connection string or URI; ``schema`` (created if missing) keeps the
     tables apart from others in the same database, default the search path's first schema.
-    Connections come from a pool of at most ``pool_size``; appends within a process are
-    serialised by an asyncio lock, across processes by the counter row. Commits use the
-    server's ``synchronous_commit`` (on by default): a committed append survives a crash.
+    Connections come from a pool of at most ``pool_size``. Appends within a process are
+    committed in groups (see ``stores._group``): those that arrive while a commit is in flight
+    go together in the next transaction (:attr:`commit_stats` counts them); across processes
+    they are serialised by the counter row. Commits use the server's ``synchronous_commit``
+    (on by default): a committed append survives a crash.
 
     :meth:`open` raises :class:`StoreUnavailableError` when the server does not answer and
     is a no-op on an open store; :meth:`close` waits for an append in flight and is
@@ -183,12 +187,19 @@ class PostgresStore(PostgresTurns):
         self._pool_size = pool_size
         self._sql = _Statements(schema)
         self._state = State()
+        # Held by a group's commit, a refresh and close: each of them moves ``state``.
         self._lock = asyncio.Lock()
+        self._group = GroupCommitter(self._commit_group)
         self._pool: _Pool | None = None
 
     @property
     def state(self) -> State:
         return self._state
+
+    @property
+    def commit_stats(self) -> CommitStats:
+        """How the appends were committed so far (appends, commits, the largest group)."""
+        return self._group.stats
 
     def _unavailable(self, exc: psycopg.Error) -> StoreUnavailableError:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -268,36 +279,42 @@ class PostgresStore(PostgresTurns):
         if not events:
             return []
         refuse_unstorable(events)
-        # Shielded: a caller cancelled mid-commit must not leave ``state`` behind the log.
-        task = asyncio.ensure_future(self._append(list(events)))
-        task.add_done_callback(_retrieve)
-        return await asyncio.shield(task)
+        self._require()
+        # Queued at once; the commit runs in the committer's task, which the caller's
+        # cancellation does not reach: ``state`` must not fall behind the log.
+        return await self._group.append(list(events))
 
-    async def _append(self, events: list[NewEvent]) -> list[Event]:
+    async def _commit_group(self, group: list[Pending]) -> Plan:
+        """Commit ``group`` in one transaction (see ``stores._group``).
+
+        The counter is bumped by every event of the group first (its row lock orders the
+        writers of all processes); once the other writers' events are applied and the group
+        planned, it is set to the last number actually written when the reducer refused or
+        deferred some members, and nothing is committed when it refused them all."""
         pool = self._require()
+        total = sum(len(member.events) for member in group)
         async with self._lock:
             try:
                 async with pool.connection() as conn:
                     async with conn.transaction():
-                        row = await (await conn.execute(self._sql.bump, (len(events),))).fetchone()
+                        row = await (await conn.execute(self._sql.bump, (total,))).fetchone()
                         if row is None:
                             raise ReplayError(f"the counter row of {self._safe} is missing")
-                        base = row[0] - len(events)
+                        base = row[0] - total
                         if base != self._state.last_seq:
                             await self._catch_up(conn, base)
-                        tx = Tx(self._state)
-                        ts = self._clock.now().isoformat()
-                        written = []
-                        for new in events:
-                            event = Event(tx.last_seq + 1, ts, new.type, new.agent_id, new.data)
-                            tx.apply(event)
-                            written.append(event)
-                        await self._write(conn, written, tx)
-                    # Committed: no await between the COMMIT and the merge.
-                    tx.merge()
+                        done = plan(self._state, group, self._clock.now().isoformat())
+                        if not done.written:
+                            raise psycopg.Rollback()  # every member refused: nothing to write
+                        if len(done.written) != total:
+                            await conn.execute(self._sql.set_counter, (done.tx.last_seq,))
+                        await self._write(conn, done.written, done.tx)
+                    # Committed (or rolled back with nothing planned): no await before the merge.
+                    if done.written:
+                        done.tx.merge()
             except psycopg.OperationalError as exc:
                 raise self._unavailable(exc) from exc
-            return written
+            return done
 
     async def refresh(self) -> None:
         pool = self._require()
@@ -398,6 +415,7 @@ class PostgresStore(PostgresTurns):
         return replay(await self._select(self._sql.read_everything, ()))
 
     async def close(self) -> None:
+        await self._group.wait_idle()  # what was accepted is committed first
         async with self._lock:
             pool, self._pool = self._pool, None
             if pool is not None:

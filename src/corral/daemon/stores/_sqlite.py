@@ -15,6 +15,7 @@ from corral.daemon._events import Event, NewEvent
 from corral.daemon._sessions import row_changes
 from corral.daemon._state import PROJECTIONS_VERSION, State, Tx, replay
 from corral.daemon.stores._base import refuse_unstorable
+from corral.daemon.stores._group import CommitStats, GroupCommitter, Pending, Plan, plan
 from corral.daemon.stores._turns import SQLITE_SCHEMA as _TURNS_SCHEMA
 from corral.daemon.stores._turns import SQLiteTurns
 from corral.kernel import SYSTEM_CLOCK, Clock, UsageError
@@ -55,9 +56,11 @@ def _dump(value: Any) -> str:
 class SQLiteStore(SQLiteTurns):
     """A :class:`Store` in one SQLite file.
 
-    The connection lives on one worker thread, so SQLite calls never block the event loop;
-    appends are serialised by an asyncio lock. Journal mode WAL with ``synchronous=FULL``:
-    a committed append survives a crash of the process or the machine.
+    The connection lives on one worker thread, so SQLite calls never block the event loop.
+    Appends are committed in groups (see ``stores._group``): those that arrive while a commit
+    is in flight go together in the next transaction; :attr:`commit_stats` counts them.
+    Journal mode WAL with ``synchronous=FULL``: a committed append survives a crash of the
+    process or the machine.
 
     :meth:`open` raises :class:`StoreUnavailableError` (not retryable) when the file cannot be
     opened as a database; an append that SQLite refuses for operational reasons (disk full,
@@ -68,13 +71,18 @@ class SQLiteStore(SQLiteTurns):
         self.path = Path(path)
         self._clock = clock
         self._state = State()
-        self._lock = asyncio.Lock()
+        self._group = GroupCommitter(self._commit_group)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corral-sqlite")
         self._conn: sqlite3.Connection | None = None
 
     @property
     def state(self) -> State:
         return self._state
+
+    @property
+    def commit_stats(self) -> CommitStats:
+        """How the appends were committed so far (appends, commits, the largest group)."""
+        return self._group.stats
 
     async def _run(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -199,29 +207,24 @@ class SQLiteStore(SQLiteTurns):
         if not events:
             return []
         refuse_unstorable(events)
-        # The worker thread commits even if the caller is cancelled meanwhile, so the append
-        # runs on in its own task: ``state`` must follow what was committed.
-        task = asyncio.ensure_future(self._append(list(events)))
-        task.add_done_callback(_retrieve)
-        return await asyncio.shield(task)
+        self._require()
+        # Queued at once; the commit runs in the committer's task, which the caller's
+        # cancellation does not reach: ``state`` must follow what was committed.
+        return await self._group.append(list(events))
 
-    async def _append(self, events: list[NewEvent]) -> list[Event]:
-        async with self._lock:
-            tx = Tx(self._state)
-            ts = self._clock.now().isoformat()
-            written = []
-            for new in events:
-                event = Event(tx.last_seq + 1, ts, new.type, new.agent_id, new.data)
-                tx.apply(event)
-                written.append(event)
-            try:
-                await self._run(self._write, written, tx)
-            except sqlite3.OperationalError as exc:
-                raise StoreUnavailableError(
-                    f"sqlite:{self.path}", f"{type(exc).__name__}: {exc}"
-                ) from exc
-            tx.merge()
-            return written
+    async def _commit_group(self, group: list[Pending]) -> Plan:
+        """Commit ``group`` in one transaction (see ``stores._group``)."""
+        done = plan(self._state, group, self._clock.now().isoformat())
+        if not done.written:
+            return done  # every member refused: nothing to write
+        try:
+            await self._run(self._write, done.written, done.tx)
+        except sqlite3.OperationalError as exc:
+            raise StoreUnavailableError(
+                f"sqlite:{self.path}", f"{type(exc).__name__}: {exc}"
+            ) from exc
+        done.tx.merge()
+        return done
 
     def _write(self, events: list[Event], tx: Tx) -> None:
         conn = self._require()
@@ -296,6 +299,7 @@ class SQLiteStore(SQLiteTurns):
         return replay(events)
 
     async def close(self) -> None:
+        await self._group.wait_idle()  # what was accepted is committed first
         if self._conn is not None:
             await self._run(self._require().close)
             self._conn = None
@@ -308,9 +312,3 @@ class SQLiteStore(SQLiteTurns):
 
     def __repr__(self) -> str:
         return f"SQLiteStore({str(self.path)!r})"
-
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    """Mark the outcome of an append seen, so a cancelled caller leaves no warning behind."""
-    if not task.cancelled():
-        task.exception()
