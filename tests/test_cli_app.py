@@ -214,10 +214,35 @@ def test_a_cut_cell_ends_with_an_ellipsis_and_wide_characters_count_twice() -> N
     grid = _output.table("id", "name", title="t")
     grid.add_row("a_1", "漢字漢字漢字")
     grid.add_row("a_2", "x")
-    drawn = grid.render(3 * 2 + 1 + 3 + 7).plain.splitlines()
+    drawn = grid.render(3 * 2 + 1 + 3 + 7).splitlines()
     assert drawn[-3] == "│ a_1 │ 漢字漢… │"
     assert drawn[-2] == "│ a_2 │ x       │"
     assert {cell_len(line) for line in drawn} == {3 * 2 + 1 + 3 + 7}
+
+
+def test_a_table_is_coloured_for_a_terminal_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    grid = _output.table("id", "state", title="agents")
+    grid.add_row("a_1", _output.state("idle"))
+    plain = grid.render(40)
+    assert "\x1b" not in plain
+    coloured = grid.render(40, colour=True)
+    assert "\x1b[32midle \x1b[0m" in coloured  # green, as rich's "green" (its padding too)
+    assert "\x1b[1mid \x1b[0m" in coloured  # the header bold
+    assert re.sub(r"\x1b\[[0-9;]*m", "", coloured) == plain
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    assert _output.colour_wanted() is False
+    monkeypatch.delenv("NO_COLOR")
+    assert _output.colour_wanted() is True
+
+
+def test_a_table_too_wide_for_the_terminal_is_cut_at_its_edge() -> None:
+    grid = _output.table(*(f"id{i}" for i in range(6)), title="wide")  # ids are never cut
+    grid.add_row(*(f"a_{i}0000000" for i in range(6)))
+    for colour in (False, True):
+        drawn = grid.render(30, colour=colour)
+        shown = re.sub(r"\x1b\[[0-9;]*m", "", drawn).splitlines()
+        assert {cell_len(line) for line in shown} == {30}
 
 
 # --- escaping ---------------------------------------------------------------------------------

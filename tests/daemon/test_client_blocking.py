@@ -140,17 +140,22 @@ def test_drive_refuses_work_that_needs_an_event_loop() -> None:
         drive(sleeps())
 
 
-async def test_corral_agents_imports_neither_asyncio_nor_httpx(daemon: FrontDoor) -> None:
+@pytest.mark.parametrize("json_out", [True, False])
+async def test_corral_agents_imports_neither_asyncio_nor_httpx_nor_rich(
+    daemon: FrontDoor, json_out: bool
+) -> None:
+    # the table is drawn without rich's console too (cli/_output.py print_fitted)
+    args = ["corral", "--url", daemon.url, "agents", *(["--json"] if json_out else [])]
     code = (
         "import sys\n"
         "from corral.cli._app import main\n"
-        f"sys.argv = ['corral', '--url', {daemon.url!r}, 'agents', '--json']\n"
+        f"sys.argv = {args!r}\n"
         "try:\n"
         "    main()\n"
         "except SystemExit as exit:\n"
         "    code = exit.code\n"
-        "print(sorted(m for m in ('asyncio', 'httpx', 'anyio') if m in sys.modules), code,\n"
-        "      file=sys.stderr)\n"
+        "print(sorted(m for m in ('asyncio', 'httpx', 'anyio', 'rich') if m in sys.modules),\n"
+        "      code, file=sys.stderr)\n"
     )
     process = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -160,5 +165,9 @@ async def test_corral_agents_imports_neither_asyncio_nor_httpx(daemon: FrontDoor
         stderr=asyncio.subprocess.PIPE,
     )
     out, err = await process.communicate()
-    assert json.loads(out) == []
+    if json_out:
+        assert json.loads(out) == []
+    else:
+        assert "┏" in out.decode()
+        assert "state" in out.decode()
     assert err.decode().strip().splitlines()[-1] == "[] 0"

@@ -5,7 +5,10 @@ programs. rich is imported on first use.
 
 import json
 import os
+import re
+import shutil
 import sys
+import unicodedata
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from corral.daemon._text import visible as visible  # shared with the console
@@ -81,7 +84,7 @@ def print_table(
     """Rows as a table that fits the terminal, one column per key (a ``state`` column is
     coloured)."""
     names = headers or {}
-    shown = table(*(names.get(k, k) for k in keys), title=plain(title))
+    shown = Grid(tuple(names.get(k, k) for k in keys), visible(title), True, title_is_plain=True)
     for row in rows:
         # (text, style) pairs, not markup: nothing to escape, nothing to parse.
         shown.add_row(*(_parts_of(row.get(k), k == "state") for k in keys))
@@ -101,9 +104,18 @@ class Grid:
     lines of text, it costs a fraction of a rich ``Table`` (which lays out every cell as a
     paragraph): that was most of the time ``corral agents`` took to print 100 agents."""
 
-    def __init__(self, headers: tuple[str, ...], title: str | None, show_header: bool) -> None:
+    def __init__(
+        self,
+        headers: tuple[str, ...],
+        title: str | None,
+        show_header: bool,
+        *,
+        title_is_plain: bool = False,
+    ) -> None:
+        # ``title`` is markup (see :func:`table`), or plain text when ``title_is_plain``
         self.headers = headers
         self.title = title
+        self.title_is_plain = title_is_plain
         self.show_header = show_header
         self.rows: list[list[tuple[str, str]]] = []
 
@@ -114,56 +126,54 @@ class Grid:
 
     def widths(self, width: int) -> list[int]:
         """Each column's width so that the table fits in ``width`` characters."""
-        from rich.cells import cell_len
-
         natural = [cell_len(h) if self.show_header else 0 for h in self.headers]
         for row in self.rows:
             natural = [max(n, cell_len(text)) for n, (text, _) in zip(natural, row, strict=True)]
         return fit(natural, self.headers, width)
 
-    def render(self, width: int) -> Any:
-        """The table as rich ``Text``, within ``width`` when it can be."""
-        from rich.text import Span, Text
-
+    def render(self, width: int, *, colour: bool = False) -> str:
+        """The table as lines of text, within ``width`` cells when it can be (each line cut
+        at ``width`` when it cannot), styled with ANSI escapes when ``colour``."""
         sizes = self.widths(width)
         bars = ["─" * (n + 2) for n in sizes]
         heavy = ["━" * (n + 2) for n in sizes]
-        chunks: list[str] = []
-        spans: list[Span] = []
-        at = 0
+        out: list[str] = []
 
-        def put(text: str, style: str = "") -> None:
-            nonlocal at
-            if style:
-                spans.append(Span(at, at + len(text), style))
-            chunks.append(text)
-            at += len(text)
-
-        def line(cells: list[tuple[str, str]], rule: str) -> None:
-            put(rule)
+        def line(cells: list[tuple[str, str]], rule: str) -> str:
+            parts = [rule]
             for (text, style), size in zip(cells, sizes, strict=True):
-                put(" ")
-                put(_sized(text, size), style)
-                put(f" {rule}")
-            put("\n")
+                shown = _sized(text, size)
+                parts.append(f" {_styled(shown, style) if colour else shown} {rule}")
+            return "".join(parts)
 
-        if self.show_header:
-            put("┏" + "┳".join(heavy) + "┓\n")
-            line([(h, "table.header") for h in self.headers], "┃")
-            put("┡" + "╇".join(heavy) + "┩\n")
-        else:
-            put("┌" + "┬".join(bars) + "┐\n")
-        for row in self.rows:
-            line(row, "│")
-        put("└" + "┴".join(bars) + "┘")
-        body = Text("".join(chunks), spans=spans)
-        if not self.title:
-            return body
         across = sum(sizes) + 3 * len(sizes) + 1
-        title = Text.from_markup(self.title, style="table.title")
-        title.truncate(across, overflow="ellipsis")
-        title.align("center", across)
-        return Text("\n").join([title, body])
+        if self.title:
+            title = _cut(self.title_text(), across, ellipsis=True)
+            left = (across - cell_len(title)) // 2
+            right = across - cell_len(title) - left
+            shown = _styled(title, "table.title") if colour else title
+            out.append(" " * left + shown + " " * right)
+        if self.show_header:
+            out.append("┏" + "┳".join(heavy) + "┓")
+            out.append(line([(h, "table.header") for h in self.headers], "┃"))
+            out.append("┡" + "╇".join(heavy) + "┩")
+        else:
+            out.append("┌" + "┬".join(bars) + "┐")
+        out.extend(line(row, "│") for row in self.rows)
+        out.append("└" + "┴".join(bars) + "┘")
+        if across > width:
+            out = [_crop(text, width, colour) for text in out]
+        return "\n".join(out)
+
+    def title_text(self) -> str:
+        """The title as plain text (markup, as given to :func:`table`, parsed)."""
+        if self.title is None:
+            return ""
+        if self.title_is_plain or "[" not in self.title:
+            return self.title  # nothing to parse (and rich not imported)
+        from rich.text import Text
+
+        return Text.from_markup(self.title).plain
 
 
 def _parts(value: Any) -> tuple[str, str]:
@@ -177,19 +187,104 @@ def _parts(value: Any) -> tuple[str, str]:
 
 def _sized(text: str, size: int) -> str:
     """``text`` padded to ``size`` cells, or cut to them with an ellipsis."""
-    from rich.cells import cell_len, set_cell_size
-
     length = cell_len(text)
     if length <= size:
         return text + " " * (size - length)
-    return set_cell_size(text, size - 1) + "…" if size > 0 else ""
+    return _cut(text, size, ellipsis=True)
+
+
+def cell_len(text: str) -> int:
+    """How many terminal cells ``text`` takes: two for a wide (East Asian) character, none
+    for a combining one, one for the others (its control characters are escaped already)."""
+    if text.isascii():
+        return len(text)
+    return sum(_width(c) for c in text)
+
+
+def _width(char: str) -> int:
+    if unicodedata.combining(char):
+        return 0
+    return 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+
+
+def _cut(text: str, size: int, *, ellipsis: bool = False) -> str:
+    """``text`` within ``size`` cells; with ``ellipsis`` its last cell is "…" when cut (a
+    wide character that would straddle the edge becomes a space)."""
+    if cell_len(text) <= size:
+        return text
+    if size <= 0:
+        return ""
+    room = size - 1 if ellipsis else size
+    kept: list[str] = []
+    used = 0
+    for char in text:
+        w = _width(char)
+        if used + w > room:
+            break
+        kept.append(char)
+        used += w
+    return "".join(kept) + " " * (room - used) + ("…" if ellipsis else "")
+
+
+# rich's names for the styles corral uses, as ANSI SGR codes (rich's default theme for the
+# table's own two).
+_SGR = {
+    "bold": "1",
+    "dim": "2",
+    "italic": "3",
+    "red": "31",
+    "green": "32",
+    "yellow": "33",
+    "blue": "34",
+    "magenta": "35",
+    "cyan": "36",
+    "table.header": "1",
+    "table.title": "3",
+}
+
+
+def _styled(text: str, style: str) -> str:
+    codes = [_SGR[word] for word in style.split() if word in _SGR]
+    return f"\x1b[{';'.join(codes)}m{text}\x1b[0m" if codes and text.strip() else text
+
+
+def _crop(line: str, width: int, colour: bool) -> str:
+    if not colour or "\x1b" not in line:
+        return _cut(line, width)
+    # Styled: cut the text between escapes, keep the escapes, end with a reset.
+    out: list[str] = []
+    left = width
+    for piece in re.split(r"(\x1b\[[0-9;]*m)", line):
+        if piece.startswith("\x1b["):
+            out.append(piece)
+        elif left > 0:
+            kept = _cut(piece, left)
+            out.append(kept)
+            left -= cell_len(kept)
+    return "".join(out) + "\x1b[0m"
+
+
+def colour_wanted() -> bool:
+    """Whether stdout takes colours, as rich decides it: ``NO_COLOR`` set -> no;
+    ``FORCE_COLOR`` set -> yes; ``TERM=dumb`` -> no; else whether stdout is a terminal."""
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    if os.environ.get("TERM", "").lower() in ("dumb", "unknown"):
+        return False
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def print_fitted(shown: Grid) -> None:
     """Print ``shown`` within the terminal's width, one line a row (``--json`` has every
-    value whole)."""
-    console = stdout()
-    console.print(shown.render(console.width), no_wrap=True, overflow="crop", crop=True)
+    value whole). Written directly, not through rich: a table is most of what ``corral
+    agents`` prints, and rich's console is a tenth of a second of a command's start."""
+    width = shutil.get_terminal_size((80, 24)).columns
+    write_line(shown.render(width, colour=colour_wanted()))
 
 
 def fit(natural: list[int], headers: tuple[str, ...], width: int) -> list[int]:
