@@ -111,6 +111,9 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="bench-cli-"))
     url, stop = serve_in_thread(home)
     env = {**os.environ, "CORRAL_URL": url, "CORRAL_TOKEN": "bench-token", "COLUMNS": "120"}
+    # As an installed corral runs: from bytecode (pip compiles it at install; an environment
+    # that sets PYTHONDONTWRITEBYTECODE would have every run compile corral's modules again).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     envs = {"now": env}
     if BEFORE:
         envs["before"] = {**env, "PYTHONPATH": BEFORE}
@@ -121,7 +124,7 @@ def main() -> None:
     }
     took: dict[tuple[str, str], list[float]] = {(c, e): [] for c in cases for e in envs}
     try:
-        for args in cases.values():  # warm-up: the files in the page cache
+        for args in cases.values():  # warm-up: the files in the page cache, the bytecode
             for run_env in envs.values():
                 subprocess.run([*command(), *args], env=run_env, capture_output=True, check=True)
         for _ in range(RUNS):
