@@ -483,3 +483,23 @@ def _result_json(result: Any) -> Any:
 
 def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def oversight_of(where: str, oversight: Oversight | None, **options: Any) -> Oversight:
+    """What an adapter's constructor was given: ``oversight``, or an Oversight made of the
+    ``options`` that are not None (Oversight's keyword arguments). Raises
+    ``InvalidArgumentError`` for an ``oversight`` that is not one, or one given with options
+    (they belong on the Oversight: pass one or the other, not both)."""
+    given = {name: value for name, value in options.items() if value is not None}
+    if oversight is None:
+        return Oversight(**given)
+    v.instance_of(where, "oversight", oversight, Oversight)
+    if given:
+        name = next(iter(given))
+        raise InvalidArgumentError(
+            where,
+            name,
+            "given to the Oversight, not next to it (an Oversight or its arguments, not both)",
+            given[name],
+        )
+    return oversight

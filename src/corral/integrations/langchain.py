@@ -43,19 +43,23 @@ from langchain_core.tools import BaseTool, StructuredTool
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
-from corral.integrations._oversight import ActionChecker, GatewayTool, Oversight, QueryGateway
+from corral.integrations._oversight import (
+    ActionChecker,
+    GatewayTool,
+    Oversight,
+    QueryGateway,
+    oversight_of,
+)
 from corral.kernel import (
     BudgetExhaustedError,
     CancellationError,
     Clock,
     CostUnknownError,
     ExecutionBudget,
-    InvalidArgumentError,
     RunError,
     ToolRefused,
     UsageError,
 )
-from corral.kernel import _validate as v
 from corral.runtime import Cancellation, Middleware, ModelPrice
 
 __all__ = ["CorralMiddleware", "SyncPathError"]
@@ -145,35 +149,20 @@ class CorralMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         tenant_id: str | None = None,
         clock: Clock | None = None,
     ) -> None:
-        options: dict[str, Any] = {
-            name: value
-            for name, value in (
-                ("agent_id", agent_id),
-                ("supervisor", supervisor),
-                ("budget", budget),
-                ("prices", prices),
-                ("cancellation", cancellation),
-                ("gateway", gateway),
-                ("middleware", middleware),
-                ("tenant_id", tenant_id),
-                ("clock", clock),
-            )
-            if value is not None
-        }
-        if oversight is None:
-            oversight = Oversight(**options)
-        else:
-            v.instance_of(_WHERE, "oversight", oversight, Oversight)
-            if options:
-                name = next(iter(options))
-                raise InvalidArgumentError(
-                    _WHERE,
-                    name,
-                    "given to the Oversight, not next to it (pass an Oversight or its "
-                    "arguments, not both)",
-                    options[name],
-                )
-        self.oversight = oversight
+        self.oversight = oversight_of(
+            _WHERE,
+            oversight,
+            agent_id=agent_id,
+            supervisor=supervisor,
+            budget=budget,
+            prices=prices,
+            cancellation=cancellation,
+            gateway=gateway,
+            middleware=middleware,
+            tenant_id=tenant_id,
+            clock=clock,
+        )
+        oversight = self.oversight
         self.tools: Sequence[BaseTool] = [_as_tool(t) for t in oversight.gateway_tools()]
         # The gateway's tools check themselves (GatewayTool runs through run_tool): their calls
         # pass awrap_tool_call unchecked, or a person would be asked twice.

@@ -72,8 +72,8 @@ from agents.run_state import RunState
 from agents.tool_context import ToolContext
 from openai.types.responses.response_prompt_param import ResponsePromptParam
 
-from corral.integrations._oversight import ActionChecker, Oversight, QueryGateway
-from corral.kernel import Clock, ExecutionBudget, InvalidArgumentError, RunError
+from corral.integrations._oversight import ActionChecker, Oversight, QueryGateway, oversight_of
+from corral.kernel import Clock, ExecutionBudget, RunError
 from corral.kernel import _validate as v
 from corral.runtime import BudgetUsage, Cancellation, Middleware, ModelPrice
 from corral.runtime._cancellation import race
@@ -334,34 +334,20 @@ class CorralRunner:
         tenant_id: str | None = None,
         clock: Clock | None = None,
     ) -> None:
-        options: dict[str, Any] = {
-            name: value
-            for name, value in (
-                ("agent_id", agent_id),
-                ("supervisor", supervisor),
-                ("budget", budget),
-                ("prices", prices),
-                ("cancellation", cancellation),
-                ("gateway", gateway),
-                ("middleware", middleware),
-                ("tenant_id", tenant_id),
-                ("clock", clock),
-            )
-            if value is not None
-        }
-        if oversight is None:
-            oversight = Oversight(**options)
-        else:
-            v.instance_of("CorralRunner", "oversight", oversight, Oversight)
-            if options:
-                name = next(iter(options))
-                raise InvalidArgumentError(
-                    "CorralRunner",
-                    name,
-                    "not given with an oversight (set it on the Oversight)",
-                    options[name],
-                )
-        self.oversight = oversight
+        self.oversight = oversight_of(
+            "CorralRunner",
+            oversight,
+            agent_id=agent_id,
+            supervisor=supervisor,
+            budget=budget,
+            prices=prices,
+            cancellation=cancellation,
+            gateway=gateway,
+            middleware=middleware,
+            tenant_id=tenant_id,
+            clock=clock,
+        )
+        oversight = self.oversight
         self.guardrail: ToolInputGuardrail[Any] = ToolInputGuardrail(
             guardrail_function=self._check_tool, name=GUARDRAIL_NAME
         )

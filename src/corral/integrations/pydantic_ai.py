@@ -44,9 +44,14 @@ from pydantic_ai.tools import RunContext, Tool, ToolDefinition
 from pydantic_ai.toolsets import FunctionToolset
 from pydantic_ai.usage import RequestUsage, RunUsage
 
-from corral.integrations._oversight import ActionChecker, GatewayTool, Oversight, QueryGateway
-from corral.kernel import Clock, ExecutionBudget, InvalidArgumentError, RunError, ToolRefused
-from corral.kernel import _validate as v
+from corral.integrations._oversight import (
+    ActionChecker,
+    GatewayTool,
+    Oversight,
+    QueryGateway,
+    oversight_of,
+)
+from corral.kernel import Clock, ExecutionBudget, RunError, ToolRefused
 from corral.runtime import BudgetUsage, Cancellation, Middleware, ModelPrice, Usage
 
 __all__ = ["CorralCapability"]
@@ -94,33 +99,20 @@ class CorralCapability(AbstractCapability[Any]):
         tenant_id: str | None = None,
         clock: Clock | None = None,
     ) -> None:
-        options: dict[str, Any] = {
-            name: value
-            for name, value in (
-                ("agent_id", agent_id),
-                ("supervisor", supervisor),
-                ("budget", budget),
-                ("prices", prices),
-                ("cancellation", cancellation),
-                ("gateway", gateway),
-                ("middleware", middleware),
-                ("tenant_id", tenant_id),
-                ("clock", clock),
-            )
-            if value is not None
-        }
-        if oversight is None:
-            oversight = Oversight(**options)
-        else:
-            v.instance_of("CorralCapability", "oversight", oversight, Oversight)
-            if options:
-                raise InvalidArgumentError(
-                    "CorralCapability",
-                    "oversight",
-                    "an Oversight or the keyword arguments of one, not both",
-                    sorted(options),
-                )
-        self.oversight = oversight
+        self.oversight = oversight_of(
+            "CorralCapability",
+            oversight,
+            agent_id=agent_id,
+            supervisor=supervisor,
+            budget=budget,
+            prices=prices,
+            cancellation=cancellation,
+            gateway=gateway,
+            middleware=middleware,
+            tenant_id=tenant_id,
+            clock=clock,
+        )
+        oversight = self.oversight
         self._gateway_tools = {tool.name: tool for tool in oversight.gateway_tools()}
 
     # --- what Pydantic AI asks of a capability ----------------------------------------------
