@@ -9,9 +9,7 @@ from __future__ import annotations
 import asyncio
 import http.server
 import json
-import socketserver
 import sys
-import threading
 from collections.abc import Coroutine, Iterator
 from typing import Any, ClassVar
 
@@ -22,6 +20,7 @@ from corral.daemon import DaemonUnreachableError, HttpApi, UnauthorizedError
 from corral.kernel import InvalidArgumentError
 from tests.daemon.test_client import exercise
 from tests.support.front_door import FrontDoor, free_port, running_daemon
+from tests.support.http_server import serving
 
 
 class InThread:
@@ -108,15 +107,8 @@ class _DropsIdleConnections(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def dropping_server() -> Iterator[str]:
     _DropsIdleConnections.seen = []
-    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _DropsIdleConnections)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(_DropsIdleConnections, "drops-idle-connections") as url:
+        yield url
 
 
 def test_a_dropped_keep_alive_connection_is_opened_again_once(dropping_server: str) -> None:

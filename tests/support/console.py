@@ -10,13 +10,14 @@ temporary directory, so that running the suite never rewrites files of the work 
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 from playwright.sync_api import Page, expect
+
+from tests.support.http_server import serving
 
 __all__ = ["login", "other_origin", "screenshot_dir", "shoot"]
 
@@ -72,12 +73,5 @@ def other_origin(html: str) -> Iterator[str]:
     so SameSite cookies are sent to the console from it) serving ``html`` at every path;
     yields its URL."""
     handler = type("Page", (_OneHtmlPage,), {"html": html.encode()})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, name="other-origin", daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serving(handler, "other-origin") as url:
+        yield url
