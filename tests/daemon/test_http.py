@@ -705,6 +705,7 @@ async def test_openapi_lists_the_paths_and_describes_the_bodies(front: FrontDoor
         "/gateway/{target}/agents/{agent_id}/freeze",
         "/gateway/{target}/agents/{agent_id}/reinstate",
         "/metrics",
+        "/nodes",
     }
     schemas = doc["components"]["schemas"]
     query = doc["paths"]["/gateway/query"]["post"]

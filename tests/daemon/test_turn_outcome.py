@@ -21,6 +21,7 @@ from corral.daemon import (
     StoreUnavailableError,
 )
 from corral.daemon import _events as ev
+from corral.daemon.stores._base import MergeHook
 from corral.runtime import FakeClock
 from tests.daemon.conftest import MakeService
 from tests.support.harness import ScriptedHarness, fail
@@ -69,6 +70,9 @@ class BlippingStore:
 
     async def close(self) -> None:
         await self.inner.close()
+
+    def watch(self, hook: MergeHook) -> None:
+        self.inner.watch(hook)
 
 
 class Env:

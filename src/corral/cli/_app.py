@@ -53,6 +53,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "gateway": ("_gateway", "app", "The database gateway of a daemon started with --db."),
     "console": ("_console", "console", "Open the console (the daemon's web page) in a browser."),
     "token": ("_tokens", "app", "Named operator tokens: make one per person, list, revoke."),
+    "nodes": ("_nodes", "nodes", "The daemons sharing this store: live or not, their agents."),
 }
 
 

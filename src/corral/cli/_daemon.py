@@ -105,6 +105,33 @@ def serve(
             "default: OTEL_EXPORTER_OTLP_ENDPOINT, if set). Needs corral[otel].",
         ),
     ] = None,
+    node: Annotated[
+        str | None,
+        typer.Option(
+            "--node",
+            help="Run as node NAME among several daemons on one PostgreSQL store: each owns "
+            "some agents, and a dead one's agents are adopted by the others (every node "
+            "needs the same --token and a --home of its own).",
+        ),
+    ] = None,
+    lease_s: Annotated[
+        float | None,
+        typer.Option(
+            "--lease-s",
+            min=0.2,
+            max=600,
+            help="With --node: the node's lease in seconds, renewed every quarter of it; a "
+            "dead node's agents are adopted within 1.25x this (default 4).",
+        ),
+    ] = None,
+    advertise_url: Annotated[
+        str | None,
+        typer.Option(
+            "--advertise-url",
+            help="With --node: the URL the other daemons send this one's commands to "
+            "(default: the address it listens on, or this machine's name on a wildcard).",
+        ),
+    ] = None,
 ) -> None:
     """Run the daemon until interrupted."""
     from corral.console import Console
@@ -128,6 +155,12 @@ def serve(
         config["max_concurrent_turns"] = max_concurrent_turns
     if turn_log_bytes is not None:
         config["turn_log_bytes"] = turn_log_bytes
+    if node is not None:
+        config["node"] = node
+    if lease_s is not None:
+        config["lease_s"] = lease_s
+    if advertise_url is not None:
+        config["advertise_url"] = advertise_url
     config["metrics_public"] = metrics_public
     config["otlp_endpoint"] = otlp_endpoint
     with refusals(), suppress(KeyboardInterrupt):

@@ -507,6 +507,12 @@ class HttpApi:
         v.non_empty_str("create_token", "name", name)
         return dict(await self._call("POST", "/tokens", {"name": name}))
 
+    async def nodes(self) -> Json:
+        """The daemons sharing the store (``GET /nodes``): ``{node, leaseS, nodes}``, with
+        ``node`` None and no nodes for a daemon alone on its store."""
+        answer: Json = await self._call("GET", "/nodes")
+        return answer
+
     async def list_tokens(self) -> list[Json]:
         """The live named operator tokens: ``{name, createdAt, by}`` each."""
         return _items(await self._call("GET", "/tokens"), "tokens")

@@ -576,3 +576,81 @@ class TooManyApprovalsError(DaemonError):
             waiting=waiting,
             run=run,
         )
+
+
+# --- several daemons on one store (see _cluster) -----------------------------------------------
+
+
+class NotOwnerError(DaemonError):
+    """This daemon no longer holds the agent's lease (it was paused or cut off from the
+    database past its lease, and another daemon took the agent over): nothing was written.
+    Retryable: the agent's owner takes the command, through any daemon."""
+
+    code = "not_owner"
+    default_retryable = True
+
+    def __init__(self, agent_id: str, node: str) -> None:
+        super().__init__(
+            f"agent {agent_id!r} is not owned by daemon {node!r} any more: nothing was "
+            "written; retry, and its owner takes the command",
+            agent_id=agent_id,
+            node=node,
+        )
+        self.agent_id = agent_id
+        self.node = node
+
+
+class OwnerUnreachableError(DaemonError):
+    """The daemon that owns the agent did not answer a forwarded command (it may have just
+    died): retryable, once its lease has run out another daemon adopts the agent
+    (``retry_after_s`` says when at the latest)."""
+
+    code = "owner_unreachable"
+    default_retryable = True
+
+    def __init__(self, agent_id: str, node: str, reason: str, retry_after_s: float) -> None:
+        super().__init__(
+            f"daemon {node!r}, which owns agent {agent_id!r}, did not answer ({reason}); "
+            f"retry in {retry_after_s:g} s, when another daemon has adopted the agent if "
+            f"{node!r} is gone",
+            agent_id=agent_id,
+            node=node,
+            reason=reason,
+            retry_after_s=retry_after_s,
+        )
+        self.retry_after_s = retry_after_s
+
+
+class NodeNotFoundError(DaemonError):
+    """``?node=NAME`` names no live daemon of this store (``GET /nodes`` lists them)."""
+
+    code = "node_not_found"
+
+    def __init__(self, node: str, live: list[str]) -> None:
+        shown = ", ".join(live[:20]) if live else "none"
+        super().__init__(
+            f"no live daemon named {node!r} shares this store (live: {shown})",
+            node=node,
+            live=live[:20],
+        )
+
+
+class NodeTakenError(DaemonError, UsageError):
+    """Another live daemon already runs under this node name (its heartbeat is fresh), or
+    the store's live daemons use another token: this one does not start."""
+
+    code = "node_taken"
+
+    def __init__(self, node: str, why: str) -> None:
+        super().__init__(f"daemon {node!r} cannot join the store: {why}", node=node, why=why)
+
+
+class ClusterModeError(DaemonError, UsageError):
+    """Daemons with and without ``--node`` on one store: a daemon alone acts for every
+    agent, so it refuses to share the store, and a node refuses a store held by one alone;
+    ``--node`` also needs a PostgreSQL store."""
+
+    code = "cluster_mode"
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)

@@ -81,14 +81,17 @@ class EventFeed:
         finally:
             self._subscribers.discard(sub)
 
-    def publish(self, events: Sequence[Event]) -> None:
+    def publish(self, events: Sequence[Event], *, own: bool = True) -> None:
         """Queue committed ``events`` for every subscriber they concern, and tell the
-        observers."""
-        for observer in self._observers:
-            try:
-                observer(events)
-            except Exception:
-                logger.exception("an observer of the committed events failed")
+        observers when they are this daemon's own (``own``; another daemon's, which the
+        store brought in, are streamed but not observed: each daemon's metrics count what
+        it did). Called in ``seq`` order (the store's :meth:`~.stores.Store.watch`)."""
+        if own:
+            for observer in self._observers:
+                try:
+                    observer(events)
+                except Exception:
+                    logger.exception("an observer of the committed events failed")
         for event in events:
             for sub in list(self._subscribers):
                 if sub.agent_id is not None and sub.agent_id != event.agent_id:

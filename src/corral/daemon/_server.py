@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -25,9 +25,10 @@ from starlette.types import ASGIApp
 
 from corral.daemon._agent_tools import CorralTools
 from corral.daemon._api import LocalApi
+from corral.daemon._cluster import DEFAULT_LEASE_S, check_node_name
 from corral.daemon._databases import Databases
 from corral.daemon._dsn import parse_dsn, redacted
-from corral.daemon._errors import DaemonError
+from corral.daemon._errors import ClusterModeError, DaemonError
 from corral.daemon._http import create_app, is_loopback_host
 from corral.daemon._log_format import JsonFormatter
 from corral.daemon._mcp import mcp_asgi_app
@@ -47,6 +48,9 @@ from corral.daemon.harnesses import CommandHarness, Harness, OpenAIHarness, Pyth
 from corral.daemon.stores import SQLiteStore, Store
 from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError, UsageError
 from corral.kernel import _validate as v
+
+if TYPE_CHECKING:
+    from corral.daemon._cluster._node import Node
 
 
 class TokenRequiredError(DaemonError, UsageError):
@@ -140,6 +144,9 @@ class ServeConfig:
     turn_log_bytes: int = DEFAULT_TURN_LOG_BYTES
     metrics_public: bool = False
     otlp_endpoint: str | None = None
+    node: str | None = None
+    lease_s: float = DEFAULT_LEASE_S
+    advertise_url: str | None = None
 
     def __post_init__(self) -> None:
         where = "ServeConfig"
@@ -176,6 +183,22 @@ class ServeConfig:
         object.__setattr__(self, "db_options", dict(self.db_options))
         v.instance_of(where, "metrics_public", self.metrics_public, bool)
         check_otlp_endpoint(where, self.otlp_endpoint)
+        if self.node is not None:
+            check_node_name(where, self.node)
+            if parse_dsn(self.store)[0] != "postgresql":
+                raise ClusterModeError(
+                    "--node needs a PostgreSQL store (--store postgresql://...): several "
+                    "daemons share one database, never one SQLite file"
+                )
+        v.positive_number(where, "lease_s", self.lease_s)
+        if not 0.2 <= self.lease_s <= 600:
+            raise InvalidArgumentError(where, "lease_s", "from 0.2 to 600 seconds", self.lease_s)
+        if self.advertise_url is not None and not self.advertise_url.startswith(
+            ("http://", "https://")
+        ):
+            raise InvalidArgumentError(
+                where, "advertise_url", "an http:// or https:// URL", self.advertise_url
+            )
         if token is None and not is_loopback_host(self.host):
             raise TokenRequiredError(self.host)
 
@@ -227,6 +250,7 @@ async def serve(
             stop_tracing = start_otlp(config.otlp_endpoint)
         try:
             await store.open()
+            node, alone = await _take_store(config, store, token, listen_url, local_url)
             service = AgentService(
                 store,
                 home=config.home,
@@ -239,6 +263,7 @@ async def serve(
                 guardrails=rules,
                 max_concurrent_turns=config.max_concurrent_turns,
                 turn_log_bytes=config.turn_log_bytes,
+                ownership=node,
             )
             # openai agents' corral tools (openai.corralTools), with the databases once open.
             tools = CorralTools(LocalApi(service))
@@ -246,6 +271,8 @@ async def serve(
             metrics = Metrics.of(service)  # before start: its settlements count too
             try:
                 await service.start()
+                if node is not None:
+                    await node.start(service)
                 databases = None
                 if config.databases:
                     databases = await Databases.open(
@@ -261,12 +288,18 @@ async def serve(
                     metrics.watch(databases)
                 try:
                     served = _Served(sock, listen_url, local_url, token, token_file)
-                    await _run(config, service, databases, served, ready, metrics, front)
+                    await _run(config, service, databases, served, ready, metrics, front, node)
                 finally:
                     if databases is not None:
                         await databases.close()
             finally:
                 await service.close()
+                # After the service: its turns are cancelled, nothing more is written, and
+                # the other daemons adopt this one's agents at once.
+                if node is not None:
+                    await node.leave()
+                if alone is not None:
+                    await alone.close()
         finally:
             try:
                 await store.close()
@@ -289,6 +322,33 @@ class _Served:
     token_file: Path | None
 
 
+async def _take_store(
+    config: ServeConfig, store: Store, token: str, listen_url: str, local_url: str
+) -> tuple[Node | None, Any]:
+    """Join the store as node ``config.node``, or hold a PostgreSQL store alone (the
+    connection that holds it is returned, to close at the end); a SQLite file has one
+    daemon anyway."""
+    from corral.daemon._cluster._alone import hold_alone
+    from corral.daemon._cluster._node import Node
+    from corral.daemon.stores._postgres import PostgresStore
+
+    if not isinstance(store, PostgresStore):
+        return None, None
+    if config.node is None:
+        return None, await hold_alone(store)
+    url = config.advertise_url
+    if url is None:
+        # A wildcard address is no address to send to: this machine's name is.
+        url = listen_url if local_url == listen_url else f"http://{socket.gethostname()}"
+        if local_url != listen_url:
+            url += ":" + listen_url.rsplit(":", 1)[1]
+    node = Node(
+        store, name=config.node, url=url, token=token, home=config.home, lease_s=config.lease_s
+    )
+    await node.join()
+    return node, None
+
+
 async def _run(
     config: ServeConfig,
     service: AgentService,
@@ -297,6 +357,7 @@ async def _run(
     ready: Callable[[str], Any] | None,
     metrics: Metrics,
     front: Callable[[FastAPI], ASGIApp] | None = None,
+    node: Node | None = None,
 ) -> None:
     app = create_app(
         service,
@@ -306,6 +367,7 @@ async def _run(
         databases=databases,
         metrics=metrics,
         metrics_public=config.metrics_public,
+        node=node,
     )
 
     # MCP over streamable HTTP, behind the same token and body limit as every other route.
@@ -361,6 +423,8 @@ async def _serve_app(
                 auth += f", guardrails from {config.guardrails}"
             if config.max_concurrent_turns is not None:
                 auth += f", at most {config.max_concurrent_turns} turns at once"
+            if config.node is not None:
+                auth += f", node {config.node} (lease {config.lease_s:g} s)"
             print(
                 f"corral: listening on {served.listen_url} (store {_shown_store(config)}{auth})",
                 flush=True,

@@ -18,7 +18,15 @@ import logging
 import math
 import secrets
 import shutil
-from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    Callable,
+    Collection,
+    Coroutine,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -65,6 +73,7 @@ from corral.daemon._errors import (
     InvalidRequestError,
     NotExternalError,
     NothingToSendError,
+    NotOwnerError,
     OutOfScopeError,
     ServiceClosedError,
     StoreUnavailableError,
@@ -72,6 +81,7 @@ from corral.daemon._errors import (
 )
 from corral.daemon._events import Event, NewEvent
 from corral.daemon._feed import EventFeed, Observer
+from corral.daemon._ownership import Ownership
 from corral.daemon._policy import BUDGET_EXHAUSTED as BUDGET_HELD
 from corral.daemon._records import AgentRecord, DecisionRecord, TurnUsage
 from corral.daemon._spec import AgentSpec, parse_spec
@@ -192,6 +202,7 @@ class AgentService:
         guardrails: Sequence[Rule] = (),
         max_concurrent_turns: int | None = None,
         turn_log_bytes: int = _turn_records.DEFAULT_TURN_LOG_BYTES,
+        ownership: Ownership | None = None,
     ) -> None:
         where = "AgentService"
         v.instance_of(where, "store", store, Store)
@@ -234,6 +245,12 @@ class AgentService:
         self._specs: dict[str, AgentSpec] = {}
         self._spec_raw: dict[str, object] = {}  # the record's spec each was made from
         self._feed = EventFeed(store, subscriber_buffer)
+        # Every event the store merges, this daemon's or another's, reaches the streams in
+        # order from here (see _merged).
+        store.watch(self._merged)
+        # Which agents this daemon acts for: all of them, unless several daemons share the
+        # store (docs/daemon.md, "Several daemons").
+        self._ownership = ownership
         self._closed = False
         # Releases of ended agents' harness workers, run off the mutex (see _release_soon).
         self._releases: set[asyncio.Task[None]] = set()
@@ -266,69 +283,122 @@ class AgentService:
         process is ended, ``agent.turn_interrupted`` is emitted and the turn counts as
         failed ("daemon restarted during turn"). Then each idle ``wake`` agent with pending
         notices is woken (see ``_wake``).
+
+        With an ``ownership`` (several daemons), only the agents this daemon owns are
+        settled here; the others are settled by :meth:`adopt` when their leases come here.
         """
         async with self._mutex:
-            # The runs' headcount as the last daemon left it: paused agents stay paused.
-            freed = await self._headcount.rebuild(self.store.state, self._spec)
-            # Which turns to adopt is decided first, from the state the last daemon left:
-            # applying a passed deadline below moves a waiting agent back to running.
-            adopt = {
-                rec["id"]
-                for rec in self.store.state.agents.values()
-                if rec["turnInFlight"] is not None
-                # An external agent's process goes on with its turn whatever the daemon does:
-                # its report is waited for again, whatever the agent's state.
-                and (rec["state"] == "waiting" or _external.is_external(self._spec(rec["id"])))
-                and isinstance(self.harnesses.get(self._spec(rec["id"]).harness), AdoptingHarness)
-            }
-            # Approvals still pending: a deadline that passed while no daemon ran is applied
-            # now (recorded as timed out, before an interrupted turn could withdraw it), the
-            # others are timed again.
-            for found in list(self.store.state.decisions.values()):
-                if found["kind"] != "approval":
-                    continue
-                if "checkId" in found and "ruleIndex" in found:
-                    self._by_check[(found["checkId"], found["ruleIndex"])] = found["id"]
-                if found["state"] == "pending":
-                    await self._time_approval(found, locked=True)
-            for agent_id in list(self.store.state.agents):
-                # As the settlements before it left it: one that ended an agent may have
-                # resumed a paused one (headcount freed).
-                rec = self.store.state.agents[agent_id]
-                turn = rec["turnInFlight"]
-                if turn is None:
-                    continue
-                harness = self.harnesses.get(self._spec(rec["id"]).harness)
-                if rec["id"] in adopt and isinstance(harness, AdoptingHarness):
-                    if rec["state"] == "waiting":
-                        # Waiting from now on: the pause clock starts with the adoption.
-                        self.pauses(rec["id"]).waiting(True)
-                    self._start_turn(rec["id"], self._adopt_turn(rec["id"], turn, harness))
-                    continue
-                if rec.get("queuedTurn") == turn and rec["state"] == "running":
-                    # It waited for a slot when the last daemon died: it never started, so
-                    # it is run now, not counted as cut short.
-                    logger.info("agent %s: turn %d never started; running it", agent_id, turn)
-                    self._launch(agent_id, turn, _notices.resend_text(self.store.state, rec))
-                    continue
-                if harness is not None:
-                    try:
-                        if await harness.reap(rec["id"], self._state_dir(rec["id"])):
-                            logger.info("agent %s: ended a leftover turn process", rec["id"])
-                    except Exception:
-                        logger.exception("agent %s: could not end a leftover process", rec["id"])
-                await self._interrupted(rec, turn)
-            await self._resume(freed)
-            await self._reap_stopped()
-            # A notice written just before the last daemon died still wakes its parent.
-            agents = self.store.state.agents
-            self._wake_soon(a for a, rec in agents.items() if rec["state"] == "idle")
+            await self._take_up([a for a in self.store.state.agents if self._owns(a)])
 
-    async def _reap_stopped(self) -> None:
+    async def adopt(self, agent_ids: Collection[str]) -> None:
+        """Take up agents whose leases this daemon has just taken (another daemon died or
+        left): their turns in flight are settled as :meth:`start` settles a previous
+        process's, exactly once (the lease's fencing lets no other daemon write them).
+        Reads the log first, so what the last owner committed is seen. Idempotent for an
+        agent with nothing in flight."""
+        await self.store.refresh()
+        async with self._mutex:
+            if self._closed:
+                return
+            await self._take_up([a for a in agent_ids if a in self.store.state.agents])
+
+    async def disown(self, agent_ids: Collection[str]) -> None:
+        """Stop acting for agents this daemon no longer owns (its lease was lost: a long
+        pause, a database unreachable past the lease): their turns are cancelled and their
+        processes ended, nothing is written (the new owner settles the turns), their
+        approvals' deadlines and stall watches are dropped. Never raises for an agent."""
+        gone = set(agent_ids)
+        async with self._mutex:
+            for agent_id in gone:
+                await self._cancel_turn(agent_id)
+                self._stalls.forget(agent_id)
+                self._waking.discard(agent_id)
+            for decision_id, found in list(self.store.state.decisions.items()):
+                if found.get("agentId") in gone and decision_id in self._deadlines:
+                    self._deadlines.pop(decision_id).cancel()
+            for agent_id in gone:
+                rec = self.store.state.agents.get(agent_id)
+                harness = (
+                    None if rec is None else self.harnesses.get(rec["spec"].get("harness", ""))
+                )
+                if harness is None:
+                    continue
+                try:
+                    if await harness.reap(agent_id, self._state_dir(agent_id)):
+                        logger.info("agent %s: ended its process (no longer owned)", agent_id)
+                except Exception:
+                    logger.exception("agent %s: could not end a leftover process", agent_id)
+
+    async def _take_up(self, agent_ids: Sequence[str]) -> None:
+        """Settle what a previous owner left of ``agent_ids`` (see :meth:`start`). Call with
+        the mutex held."""
+        mine = set(agent_ids)
+        # The runs' headcount as the last daemon left it: paused agents stay paused.
+        freed = [
+            a for a in await self._headcount.rebuild(self.store.state, self._spec) if self._owns(a)
+        ]
+        # Which turns to adopt is decided first, from the state the last daemon left:
+        # applying a passed deadline below moves a waiting agent back to running.
+        adopt = {
+            rec["id"]
+            for rec in self.store.state.agents.values()
+            if rec["id"] in mine
+            and rec["turnInFlight"] is not None
+            # An external agent's process goes on with its turn whatever the daemon does:
+            # its report is waited for again, whatever the agent's state.
+            and (rec["state"] == "waiting" or _external.is_external(self._spec(rec["id"])))
+            and isinstance(self.harnesses.get(self._spec(rec["id"]).harness), AdoptingHarness)
+        }
+        # Approvals still pending: a deadline that passed while no daemon ran is applied
+        # now (recorded as timed out, before an interrupted turn could withdraw it), the
+        # others are timed again.
+        for found in list(self.store.state.decisions.values()):
+            if found["kind"] != "approval" or found.get("agentId") not in mine:
+                continue
+            if "checkId" in found and "ruleIndex" in found:
+                self._by_check[(found["checkId"], found["ruleIndex"])] = found["id"]
+            if found["state"] == "pending" and found["id"] not in self._deadlines:
+                await self._time_approval(found, locked=True)
+        for agent_id in agent_ids:
+            # As the settlements before it left it: one that ended an agent may have
+            # resumed a paused one (headcount freed).
+            rec = self.store.state.agents.get(agent_id)
+            if rec is None:
+                continue
+            turn = rec["turnInFlight"]
+            if turn is None or agent_id in self._turns:
+                continue
+            harness = self.harnesses.get(self._spec(rec["id"]).harness)
+            if rec["id"] in adopt and isinstance(harness, AdoptingHarness):
+                if rec["state"] == "waiting":
+                    # Waiting from now on: the pause clock starts with the adoption.
+                    self.pauses(rec["id"]).waiting(True)
+                self._start_turn(rec["id"], self._adopt_turn(rec["id"], turn, harness))
+                continue
+            if rec.get("queuedTurn") == turn and rec["state"] == "running":
+                # It waited for a slot when the last daemon died: it never started, so
+                # it is run now, not counted as cut short.
+                logger.info("agent %s: turn %d never started; running it", agent_id, turn)
+                self._launch(agent_id, turn, _notices.resend_text(self.store.state, rec))
+                continue
+            if harness is not None:
+                try:
+                    if await harness.reap(rec["id"], self._state_dir(rec["id"])):
+                        logger.info("agent %s: ended a leftover turn process", rec["id"])
+                except Exception:
+                    logger.exception("agent %s: could not end a leftover process", rec["id"])
+            await self._interrupted(rec, turn)
+        await self._resume(freed)
+        await self._reap_stopped(mine)
+        # A notice written just before the last daemon died still wakes its parent.
+        agents = self.store.state.agents
+        self._wake_soon(a for a in agent_ids if a in agents and agents[a]["state"] == "idle")
+
+    async def _reap_stopped(self, agent_ids: Collection[str]) -> None:
         """End what a stop left running when the last daemon died in its grace (the stop is
         committed: nothing is written). Call with the mutex held."""
         for rec in list(self.store.state.agents.values()):
-            if rec["state"] != "stopped":
+            if rec["state"] != "stopped" or rec["id"] not in agent_ids:
                 continue
             harness = self.harnesses.get(rec["spec"].get("harness", ""))
             if harness is None:
@@ -1625,6 +1695,13 @@ class AgentService:
                         messages=_sessions.turn_messages(outcome.messages),
                     )
                     return
+            except NotOwnerError:
+                # Another daemon took the agent over while the turn ran (this one's lease
+                # ran out): it settles the turn, as interrupted.
+                logger.warning(
+                    "agent %s: turn %d's outcome dropped: not owned here", agent_id, turn
+                )
+                return
             except StoreUnavailableError as exc:
                 if not exc.retryable or waited_s >= self._result_retry_s:
                     raise
@@ -1830,7 +1907,6 @@ class AgentService:
                     asked = bool(_headcount.asked(self.store.state, rec))
                     self.pauses(event.agent_id).waiting(asked)
                     self._stalls.waiting(event.agent_id, asked)
-        self._feed.publish(written)
         ended = [
             e.agent_id
             for e in written
@@ -1892,7 +1968,7 @@ class AgentService:
         """Queue a wake check of each ``wake`` agent in ``agent_ids`` (see ``_wake``): run on
         a task of its own, as the caller holds the mutex."""
         for agent_id in agent_ids:
-            if self._closed or agent_id in self._waking:
+            if self._closed or agent_id in self._waking or not self._owns(agent_id):
                 continue
             if agent_id in self.store.state.agents and self._spec(agent_id).wake:
                 self._waking.add(agent_id)
@@ -1944,6 +2020,21 @@ class AgentService:
         task.add_done_callback(self._releases.discard)
 
     # --- helpers ----------------------------------------------------------------------------
+
+    def _owns(self, agent_id: str) -> bool:
+        return self._ownership is None or self._ownership.owns(agent_id)
+
+    def _merged(self, events: Sequence[Event], own: bool) -> None:
+        """The store merged ``events`` (in ``seq`` order): stream them. Another daemon's
+        (``own`` False) may concern agents owned here: a notice wakes a coordinator, an
+        answer reaches the check waiting on it."""
+        self._feed.publish(events, own=own)
+        if own:
+            return
+        for event in events:
+            if event.type == ev.DECISION_RESOLVED:
+                self._settle_waiters(str(event.data.get("decisionId")))
+        self._wake_soon(_wake.observe(events, self._wakes))
 
     def _refuse_if_closed(self, command: str) -> None:
         # A command that waited for the lock while close() ran must not start work that

@@ -60,6 +60,11 @@ STATUS: dict[str, int] = {
     "otel_not_installed": 500,
     "store_unavailable": 503,
     "shutting_down": 503,
+    "not_owner": 503,
+    "owner_unreachable": 503,
+    "node_not_found": 422,
+    "node_taken": 409,
+    "cluster_mode": 409,
     "daemon_unreachable": 503,
     # the gateway
     "parse_error": 400,

@@ -14,7 +14,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from corral.daemon import _listing
 from corral.daemon._api import ScopedService
-from corral.daemon._errors import InvalidRequestError, InvalidSpecError
+from corral.daemon._errors import InvalidRequestError, InvalidSpecError, NodeNotFoundError
 from corral.daemon._events import Event
 from corral.daemon._http._common import (
     ApiRoute,
@@ -112,7 +112,22 @@ async def healthz() -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
-async def spawn(request: Request) -> JSONResponse:
+async def spawn(
+    request: Request,
+    node: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            description="Several daemons: the one a new top-level agent runs on (default: "
+            "the least loaded; a child runs on its parent's)",
+        ),
+    ] = None,
+) -> JSONResponse:
+    here = getattr(request.app.state, "node", None)
+    if node is not None and here is None:
+        # Alone on its store, this daemon is the only one there is (the forwarding layer
+        # of a daemon with --node has placed the agent already).
+        raise NodeNotFoundError(node, [])
     spec, key = await SpawnBody.read(request)
     result = await api_of(request).spawn(spec, idempotency_key=key)
     location = {"Location": f"/agents/{result.body['id']}"} if "id" in result.body else {}

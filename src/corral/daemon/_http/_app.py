@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
@@ -30,6 +30,7 @@ from corral.daemon._http import (
     _gateway,
     _lifecycle,
     _metrics,
+    _nodes,
     _patch,
     _runs,
     _tokens,
@@ -50,6 +51,9 @@ from corral.daemon._tokens import TokenIndex
 from corral.kernel import CorralError, InvalidArgumentError
 from corral.kernel import _validate as v
 
+if TYPE_CHECKING:
+    from corral.daemon._cluster._node import Node
+
 logger = logging.getLogger("corral.daemon.http")
 
 ROUTES: list[ApiRoute] = [
@@ -63,6 +67,7 @@ ROUTES: list[ApiRoute] = [
     *_tokens.ROUTES,
     *_gateway.ROUTES,
     *_metrics.ROUTES,
+    *_nodes.ROUTES,
 ]
 
 
@@ -78,6 +83,7 @@ def create_app(
     databases: Databases | None = None,
     metrics: Metrics | None = None,
     metrics_public: bool = False,
+    node: Node | None = None,
 ) -> FastAPI:
     """The HTTP API over ``service`` (and the gateway's routes over ``databases``, when
     given; without, they answer ``unknown_target``).
@@ -117,6 +123,13 @@ def create_app(
     )
     app.openapi = lambda: _openapi(app, token is not None, public)  # type: ignore[method-assign]
     callers = None if token is None else Callers(token, TokenIndex(lambda: service.store.state))
+    app.state.node = node
+    if node is not None:
+        # Inside the gate (added first, so it runs after): forwarded requests carry a
+        # checked token and a bounded body.
+        from corral.daemon._cluster._forward import Forwarding
+
+        app.add_middleware(Forwarding, node=node, service=service)
     app.add_middleware(
         _Gate, token=token, callers=callers, max_body_bytes=max_body_bytes, public=public
     )

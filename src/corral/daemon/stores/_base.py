@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from corral.daemon._errors import UnstorableValueError
 from corral.daemon._events import Event, NewEvent
 from corral.daemon._state import State
 from corral.daemon._text import unstorable
+
+logger = logging.getLogger("corral.daemon")
+
+MergeHook = Callable[[Sequence[Event], bool], None]
+"""Told each batch of events as it becomes part of a store's ``state``, in ``seq`` order,
+and whether they are the store's own (``True``: its appends) or another writer's
+(``False``: brought in by :meth:`Store.refresh` or by an append's catch-up)."""
 
 
 @runtime_checkable
@@ -60,6 +68,33 @@ class Store(Protocol):
         ``StoreUnavailableError`` when the log cannot be read."""
 
     async def close(self) -> None: ...
+
+    def watch(self, hook: MergeHook) -> None:
+        """Call ``hook`` with every batch of events as it becomes part of ``state``: once
+        each, in ``seq`` order, after the events are durable and before anything awaits.
+        So a log follower sees the whole log, gapless, whoever wrote it. ``hook`` runs on
+        the commit's path: it must be quick; what it raises is logged, never raised."""
+
+
+class Watchers:
+    """The :meth:`Store.watch` hooks of a store, told in order."""
+
+    __slots__ = ("_hooks",)
+
+    def __init__(self) -> None:
+        self._hooks: list[MergeHook] = []
+
+    def add(self, hook: MergeHook) -> None:
+        self._hooks.append(hook)
+
+    def merged(self, events: Sequence[Event], own: bool) -> None:
+        if not events:
+            return
+        for hook in self._hooks:
+            try:
+                hook(events, own)
+            except Exception:
+                logger.exception("a watcher of the store's events failed")
 
 
 def refuse_unstorable(events: Sequence[NewEvent]) -> None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,16 +90,27 @@ class Plan:
     deferred: list[Pending] = field(default_factory=list)
 
 
-def plan(state: State, group: Sequence[Pending], ts: str) -> Plan:
+def plan(
+    state: State,
+    group: Sequence[Pending],
+    ts: str,
+    *,
+    fenced: Mapping[Pending, Exception] | None = None,
+) -> Plan:
     """Number and apply the events of ``group`` (in order, at time ``ts``) on one
     :class:`Tx` over ``state``, which is left as it is.
+
+    ``fenced`` members are refused with their error before anything is applied (the store
+    found that they act for agents whose lease this daemon does not hold).
 
     A member whose events the reducer refuses is left out with its error, and the members
     before it applied again on a fresh ``Tx`` (the one it touched is dropped whole): refusals
     are rare, so the common path applies every event once. A member that deletes an agent
     ends the group (see the module docstring). Never raises for a member's events."""
-    members = list(group)
-    refused: list[tuple[Pending, Exception]] = []
+    members = [m for m in group if not fenced or m not in fenced]
+    refused: list[tuple[Pending, Exception]] = [
+        (m, fenced[m]) for m in group if fenced and m in fenced
+    ]
     while True:
         tx = Tx(state)
         result = Plan(tx, refused=refused)

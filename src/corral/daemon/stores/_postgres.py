@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from psycopg import sql
@@ -21,7 +21,7 @@ from corral.daemon._errors import StoreUnavailableError
 from corral.daemon._events import Event, NewEvent
 from corral.daemon._sessions import row_changes
 from corral.daemon._state import PROJECTIONS_VERSION, ReplayError, State, Tx, replay
-from corral.daemon.stores._base import refuse_unstorable
+from corral.daemon.stores._base import MergeHook, Watchers, refuse_unstorable
 from corral.daemon.stores._group import CommitStats, GroupCommitter, Pending, Plan, plan
 from corral.daemon.stores._sqlite import _dump
 from corral.daemon.stores._turns import PostgresTurns, postgres_ddl
@@ -145,6 +145,29 @@ def _safe_dsn(params: dict[str, Any]) -> str:
     return make_conninfo(**{k: v for k, v in params.items() if k != "password"})
 
 
+class Fence(Protocol):
+    """What a store shared by several daemons checks in each group's transaction (the
+    leases of ``corral.daemon._cluster``); every method runs inside the transaction, after
+    the counter's row lock is taken and the other writers' events are applied."""
+
+    async def refused(
+        self, conn: psycopg.AsyncConnection[TupleRow], group: Sequence[Pending]
+    ) -> dict[Pending, Exception]:
+        """The members that may not be written, each with the error its caller gets."""
+        ...
+
+    async def written(
+        self, conn: psycopg.AsyncConnection[TupleRow], events: Sequence[Event]
+    ) -> None:
+        """Write what goes with ``events`` in the same transaction (leases of created and
+        deleted agents, the notification that wakes the other daemons)."""
+        ...
+
+    def committed(self, events: Sequence[Event]) -> None:
+        """``events`` are durable and merged (no ``await`` may come before this)."""
+        ...
+
+
 class PostgresStore(PostgresTurns):
     """A :class:`Store` in a PostgreSQL database, safe to share between daemons.
 
@@ -190,11 +213,24 @@ class PostgresStore(PostgresTurns):
         # Held by a group's commit, a refresh and close: each of them moves ``state``.
         self._lock = asyncio.Lock()
         self._group = GroupCommitter(self._commit_group)
+        self._watchers = Watchers()
+        self._fence: Fence | None = None
         self._pool: _Pool | None = None
 
     @property
     def state(self) -> State:
         return self._state
+
+    @property
+    def dsn_shown(self) -> str:
+        """The connection string without its password (for messages)."""
+        return self._safe
+
+    def fence_with(self, fence: Fence) -> None:
+        """Check every group's members against ``fence`` in their transaction, under the
+        counter's row lock (several daemons: ``corral.daemon._cluster``). Call before the
+        first append."""
+        self._fence = fence
 
     @property
     def commit_stats(self) -> CommitStats:
@@ -303,15 +339,26 @@ class PostgresStore(PostgresTurns):
                         base = row[0] - total
                         if base != self._state.last_seq:
                             await self._catch_up(conn, base)
-                        done = plan(self._state, group, self._clock.now().isoformat())
+                        # Under the counter's row lock, so no lease changes hands meanwhile.
+                        fenced = (
+                            {} if self._fence is None else await self._fence.refused(conn, group)
+                        )
+                        done = plan(
+                            self._state, group, self._clock.now().isoformat(), fenced=fenced
+                        )
                         if not done.written:
                             raise psycopg.Rollback()  # every member refused: nothing to write
                         if len(done.written) != total:
                             await conn.execute(self._sql.set_counter, (done.tx.last_seq,))
                         await self._write(conn, done.written, done.tx)
+                        if self._fence is not None:
+                            await self._fence.written(conn, done.written)
                     # Committed (or rolled back with nothing planned): no await before the merge.
                     if done.written:
                         done.tx.merge()
+                        if self._fence is not None:
+                            self._fence.committed(done.written)
+                        self._watchers.merged(done.written, True)
             except psycopg.OperationalError as exc:
                 raise self._unavailable(exc) from exc
             return done
@@ -338,11 +385,13 @@ class PostgresStore(PostgresTurns):
             )
         cur = await conn.execute(self._sql.read_range, (have, upto))
         tx = Tx(self._state)
-        for seq, ts, type_, agent_id, data in await cur.fetchall():
-            tx.apply(Event(seq, ts, type_, agent_id, data))
+        events = [Event(*row) for row in await cur.fetchall()]
+        for event in events:
+            tx.apply(event)
         if tx.last_seq != upto:
             raise ReplayError(f"the log of {self._safe} ends at {tx.last_seq}, not {upto}")
         tx.merge()
+        self._watchers.merged(events, False)
 
     async def _write(
         self, conn: psycopg.AsyncConnection[TupleRow], events: list[Event], tx: Tx
@@ -410,6 +459,9 @@ class PostgresStore(PostgresTurns):
         except psycopg.OperationalError as exc:
             raise self._unavailable(exc) from exc
         return [Event(seq, ts, t, a, data) for seq, ts, t, a, data in rows]
+
+    def watch(self, hook: MergeHook) -> None:
+        self._watchers.add(hook)
 
     async def replay(self) -> State:
         return replay(await self._select(self._sql.read_everything, ()))

@@ -14,7 +14,7 @@ from corral.daemon._errors import StoreUnavailableError
 from corral.daemon._events import Event, NewEvent
 from corral.daemon._sessions import row_changes
 from corral.daemon._state import PROJECTIONS_VERSION, State, Tx, replay
-from corral.daemon.stores._base import refuse_unstorable
+from corral.daemon.stores._base import MergeHook, Watchers, refuse_unstorable
 from corral.daemon.stores._group import CommitStats, GroupCommitter, Pending, Plan, plan
 from corral.daemon.stores._turns import SQLITE_SCHEMA as _TURNS_SCHEMA
 from corral.daemon.stores._turns import SQLiteTurns
@@ -72,6 +72,7 @@ class SQLiteStore(SQLiteTurns):
         self._clock = clock
         self._state = State()
         self._group = GroupCommitter(self._commit_group)
+        self._watchers = Watchers()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="corral-sqlite")
         self._conn: sqlite3.Connection | None = None
 
@@ -224,6 +225,7 @@ class SQLiteStore(SQLiteTurns):
                 f"sqlite:{self.path}", f"{type(exc).__name__}: {exc}"
             ) from exc
         done.tx.merge()
+        self._watchers.merged(done.written, True)
         return done
 
     def _write(self, events: list[Event], tx: Tx) -> None:
@@ -293,6 +295,9 @@ class SQLiteStore(SQLiteTurns):
     async def refresh(self) -> None:
         """Nothing to do: this process is the file's only writer, and a commit that fails
         here did not happen."""
+
+    def watch(self, hook: MergeHook) -> None:
+        self._watchers.add(hook)
 
     async def replay(self) -> State:
         events: list[Event] = await self._run(self._read, 0, None, 2**62)
