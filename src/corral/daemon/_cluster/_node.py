@@ -236,7 +236,7 @@ class Node:
                 await self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (CLUSTER_LOCK_KEY,))
                 for statement in self._sql.ddl:
                     await self._conn.execute(statement)
-            await self._enter()
+            await self._enter_when_free()
         except psycopg.OperationalError as exc:
             await self._close_connections()
             raise StoreUnavailableError(self._store.dsn_shown, str(exc).strip()) from exc
@@ -244,6 +244,31 @@ class Node:
             await self._close_connections()
             raise
         self._store.fence_with(self)
+
+    async def _enter_when_free(self) -> None:
+        """:meth:`_enter`, waiting while a node of this name still has a lease: a daemon
+        restarted at once after a crash finds its last incarnation's lease running for up
+        to ``lease_s``. A lease that is still renewed after three times that is another
+        live daemon of the same name: :class:`NodeTakenError`."""
+        give_up = _now() + 3 * self.lease_s
+        while True:
+            try:
+                await self._enter()
+                return
+            except _NameLive as live:
+                if _now() + live.left_s > give_up:
+                    raise NodeTakenError(
+                        self.name,
+                        f"a daemon under this name is live (its lease was renewed for "
+                        f"{3 * self.lease_s:g} s while this one waited): give this one "
+                        "another --node, or stop the other",
+                    ) from None
+                logger.info(
+                    "node %s: waiting %.1f s for the lease of its last run to end",
+                    self.name,
+                    live.left_s,
+                )
+                await asyncio.sleep(min(self.lease_s / 4, live.left_s + 0.05))
 
     async def _enter(self) -> None:
         """Write this node's row under a new incarnation (the old one's writes are fenced)."""
@@ -255,11 +280,7 @@ class Node:
                 await conn.execute(self._sql.nodes_seen)
             ).fetchall():
                 if name == self.name and live:
-                    raise NodeTakenError(
-                        self.name,
-                        f"a daemon under this name is live (its lease runs {left_s:.1f} s "
-                        "more): give this one another --node, or wait",
-                    )
+                    raise _NameLive(float(left_s))
                 if live and token_hash != self._hash:
                     raise NodeTakenError(
                         self.name,
@@ -335,7 +356,7 @@ class Node:
         try:
             if not await self._renew():
                 await self._lost("its lease ran out before it was renewed")
-                await self._enter()
+                await self._enter_when_free()
             adopted = await self._adopt()
         except psycopg.OperationalError as exc:
             raise StoreUnavailableError(self._store.dsn_shown, str(exc).strip()) from exc
@@ -537,6 +558,14 @@ class Node:
 
     def __repr__(self) -> str:
         return f"Node({self.name!r}, lease_s={self.lease_s:g})"
+
+
+class _NameLive(Exception):
+    """A node of this name still has ``left_s`` seconds of lease."""
+
+    def __init__(self, left_s: float) -> None:
+        super().__init__(left_s)
+        self.left_s = left_s
 
 
 def _now() -> float:
