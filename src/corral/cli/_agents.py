@@ -35,11 +35,19 @@ def spawn(
     spec: Annotated[str, typer.Argument(help="The spec file (JSON), or - for stdin.")],
     key: KeyOpt = None,
     as_json: JsonOpt = False,
+    node: Annotated[
+        str | None,
+        typer.Option(
+            "--node",
+            help="Several daemons on one store: the daemon the agent runs on (default: the "
+            "least loaded; a child runs on its parent's).",
+        ),
+    ] = None,
 ) -> None:
     """Create an agent from a JSON spec."""
     with refusals():
         data = _load_spec(spec)
-    agent = call(target(ctx), lambda api: api.spawn(data, idempotency_key=key))
+    agent = call(target(ctx), lambda api: api.spawn(data, idempotency_key=key, node=node))
     if as_json:
         print_json(agent)
         return

@@ -239,12 +239,22 @@ class HttpApi:
             raise error_from_answer(status, answer)
         return answer
 
-    async def spawn(self, spec: Mapping[str, Any], idempotency_key: str | None = None) -> Json:
+    async def spawn(
+        self,
+        spec: Mapping[str, Any],
+        idempotency_key: str | None = None,
+        *,
+        node: str | None = None,
+    ) -> Json:
+        """Create an agent; ``node`` names the daemon it runs on when several share the
+        store (``node_not_found`` when none of that name is live, or the daemon is alone)."""
         spec_mapping("spawn", "spec", spec)
+        v.non_empty_str("spawn", "node", node, optional=True)
         body = dict(spec)
         if idempotency_key is not None:
             body["idempotencyKey"] = idempotency_key
-        return dict(await self._call("POST", "/agents", body))
+        params = None if node is None else {"node": node}
+        return dict(await self._call("POST", "/agents", body, params=params))
 
     async def prompt(
         self,
