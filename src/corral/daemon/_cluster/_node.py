@@ -197,8 +197,7 @@ class Node:
                 if event.type == ev.AGENT_CREATED and event.agent_id is not None:
                     run = event.data.get("agent", {}).get("runId") or event.agent_id
                     await cur.execute(self._sql.insert_lease, (event.agent_id, self.name, run))
-                    row = await cur.fetchone()
-                    self._created[event.agent_id] = int(row[0]) if row else 1
+                    self._created[event.agent_id] = 1
                 elif event.type == ev.AGENT_DELETED and event.agent_id is not None:
                     await cur.execute(self._sql.delete_lease, (event.agent_id,))
             if events:

@@ -101,8 +101,8 @@ class ClusterSql:
         )
         self.insert_lease = q(
             "INSERT INTO {leases} (agent_id, node, epoch, run) VALUES (%s, %s, 1, %s) "
-            "ON CONFLICT (agent_id) DO UPDATE SET node = EXCLUDED.node, "
-            "epoch = {leases}.epoch + 1, run = EXCLUDED.run RETURNING epoch"
+            "ON CONFLICT (agent_id) DO UPDATE SET node = EXCLUDED.node, epoch = 1, "
+            "run = EXCLUDED.run"
         )
         self.delete_lease = q("DELETE FROM {leases} WHERE agent_id = %s")
         self.notify = sql.SQL("SELECT pg_notify(%s, %s)")

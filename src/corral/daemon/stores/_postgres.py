@@ -350,9 +350,12 @@ class PostgresStore(PostgresTurns):
                             raise psycopg.Rollback()  # every member refused: nothing to write
                         if len(done.written) != total:
                             await conn.execute(self._sql.set_counter, (done.tx.last_seq,))
-                        await self._write(conn, done.written, done.tx)
-                        if self._fence is not None:
-                            await self._fence.written(conn, done.written)
+                        # Sent in one go, not a round trip per statement: every writer of
+                        # every daemon waits for the counter's row while this runs.
+                        async with conn.pipeline():
+                            await self._write(conn, done.written, done.tx)
+                            if self._fence is not None:
+                                await self._fence.written(conn, done.written)
                     # Committed (or rolled back with nothing planned): no await before the merge.
                     if done.written:
                         done.tx.merge()
