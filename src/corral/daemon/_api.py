@@ -227,6 +227,14 @@ class ScopedService:
             return ScopedService(self.service, self.databases)
         return ScopedService(self.service, self.databases, caller.agent, caller.name)
 
+    async def _elsewhere(self, agent_id: str) -> AgentApi | None:
+        """A client of the daemon that owns ``agent_id``, acting as this caller, when
+        another daemon of the store owns it (several daemons: ``_cluster``); else None."""
+        relay = self.service.relay
+        if relay is None or agent_id not in self.service.store.state.agents:
+            return None
+        return await relay.api_for(agent_id, self.caller_name, self.principal)
+
     def check(self, agent_id: str) -> None:
         """Refuse an agent outside the caller's reach (``OutOfScopeError``)."""
         self.check_live()
@@ -314,6 +322,12 @@ class ScopedService:
         idempotency_key: str | None = None,
     ) -> CommandResult:
         self.check(agent_id)
+        remote = await self._elsewhere(agent_id)
+        if remote is not None:
+            body = await remote.prompt(
+                agent_id, text, by=by, why=why, idempotency_key=idempotency_key
+            )
+            return CommandResult(202, body)
         self.check_answer(agent_id, "blocked", "retry")
         by, note = self.attribution(by, "prompting")
         return await self.service.prompt(
@@ -350,6 +364,17 @@ class ScopedService:
         keep_children: bool = False,
     ) -> CommandResult:
         self.check(agent_id)
+        remote = await self._elsewhere(agent_id)
+        if remote is not None:
+            body = await remote.stop(
+                agent_id,
+                by=by,
+                why=why,
+                idempotency_key=idempotency_key,
+                now=now,
+                keep_children=keep_children,
+            )
+            return CommandResult(202, body)
         self.check_own_decision(agent_id)
         by, note = self.attribution(by, "stopping")
         return await self.service.stop(
@@ -373,6 +398,11 @@ class ScopedService:
         """Restart an ended agent in reach (an agent's token: a descendant, in its own
         name; its own token died with it)."""
         self.check(agent_id)
+        remote = await self._elsewhere(agent_id)
+        if remote is not None:
+            return CommandResult(
+                202, await remote.restart(agent_id, by=by, why=why, idempotency_key=idempotency_key)
+            )
         by, _ = self.attribution(by, "restarting")
         return await self.service.restart(agent_id, by=by, why=why, idempotency_key=idempotency_key)
 
@@ -388,6 +418,11 @@ class ScopedService:
         deletes what supervision reads (sessions, working directories)."""
         if self.principal is not None:
             raise OutOfScopeError(self.principal, "deleting an agent (a person decides)")
+        remote = await self._elsewhere(agent_id)
+        if remote is not None:
+            return CommandResult(
+                200, await remote.delete(agent_id, by=by, why=why, idempotency_key=idempotency_key)
+            )
         by, _ = self.attribution(by, "deleting")
         return await self.service.delete(agent_id, by=by, why=why, idempotency_key=idempotency_key)
 
@@ -403,6 +438,12 @@ class ScopedService:
         """Change a budget in reach; an agent's token may lower budgets (its own included),
         never raise one, and changes them in its own name."""
         self.check(agent_id)
+        remote = await self._elsewhere(agent_id)
+        if remote is not None:
+            body = await remote.budget(
+                agent_id, changes, by=by, why=why, idempotency_key=idempotency_key
+            )
+            return CommandResult(200, body)
         by, note = self.attribution(by, "changing a budget")
         return await self.service.change_budget(
             agent_id,
@@ -426,6 +467,14 @@ class ScopedService:
         """Change a live agent in reach (budget, notifyOn, guardrails: see ``_patch``); an
         agent's token may only tighten, and in its own name."""
         self.check(agent_id)
+        remote = await self._elsewhere(agent_id)
+        if remote is not None:
+            return CommandResult(
+                200,
+                await remote.patch(
+                    agent_id, changes, by=by, why=why, idempotency_key=idempotency_key
+                ),
+            )
         by, note = self.attribution(by, "changing an agent")
         return await self.service.patch(
             agent_id,
@@ -608,6 +657,18 @@ class ScopedService:
             )
         found = self.service.decision(decision_id)
         self._check_decision(found)
+        remote = await self._elsewhere(found["agentId"])
+        if remote is not None and isinstance(answer, str):
+            body = await remote.answer(
+                decision_id,
+                answer,
+                why=why,
+                by=by,
+                text=text,
+                budget=budget,
+                idempotency_key=idempotency_key,
+            )
+            return CommandResult(200, body)
         if found["state"] == "pending" and isinstance(answer, str):
             if answer == "stop" and found["kind"] != "approval":
                 # Stopping a descendant is what an agent may do anyway (POST .../stop):

@@ -19,6 +19,10 @@ _DOMAIN = b"corral agent token v1:"
 OPERATOR = "operator"
 """The name of the daemon's own token (reserved: no named token may take it)."""
 
+ACTING_AS_HEADER = "x-corral-as"
+"""With the daemon's own token only: the operator a request acts for. Several daemons share
+that token; one sends another a person's command in that person's name (``_cluster``)."""
+
 CALLER_SCOPE_KEY = "corral.caller"
 """The ASGI scope key under which the HTTP gate puts the request's :class:`Caller` (the gate
 removes any value found there first: only it says who is calling)."""

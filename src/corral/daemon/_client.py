@@ -188,6 +188,7 @@ class HttpApi:
         transport: httpx.AsyncBaseTransport | None = None,
         timeout_s: float = 30.0,
         blocking: bool = False,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         self.url = _base_url(url, "HttpApi")
         v.non_empty_str("HttpApi", "token", token, optional=True)
@@ -198,13 +199,15 @@ class HttpApi:
             if transport is not None:
                 wanted = "None when blocking (http.client is the wire)"
                 raise InvalidArgumentError("HttpApi", "transport", wanted, transport)
+            if headers:
+                raise InvalidArgumentError("HttpApi", "headers", "None when blocking", headers)
             self._wire = BlockingWire(self.url, token, timeout_s)
         else:
             if transport is not None:
                 import httpx
 
                 v.instance_of("HttpApi", "transport", transport, httpx.AsyncBaseTransport)
-            self._wire = HttpxWire(self.url, token, timeout_s, transport)
+            self._wire = HttpxWire(self.url, token, timeout_s, transport, headers)
 
     async def aclose(self) -> None:
         await self._wire.aclose()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from corral.daemon._api import AgentApi
 
 
 @runtime_checkable
@@ -17,4 +20,18 @@ class Ownership(Protocol):
     def owns(self, agent_id: str) -> bool:
         """Whether this daemon holds ``agent_id``'s lease now (an agent it has just
         created counts as its own)."""
+        ...
+
+
+class Relay(Protocol):
+    """Where commands about an agent another daemon owns go (``_cluster._relay``)."""
+
+    async def api_for(
+        self, agent_id: str, caller_name: str | None, principal: str | None
+    ) -> AgentApi | None:
+        """A client of the agent's owner acting as the caller; None when it is owned here."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close the clients it made."""
         ...

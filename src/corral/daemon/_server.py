@@ -265,6 +265,11 @@ async def serve(
                 turn_log_bytes=config.turn_log_bytes,
                 ownership=node,
             )
+            if node is not None:
+                from corral.daemon._cluster._relay import NodeRelay
+
+                # The console's and MCP's commands about another daemon's agents go there.
+                service.use_relay(NodeRelay(node, token))
             # openai agents' corral tools (openai.corralTools), with the databases once open.
             tools = CorralTools(LocalApi(service))
             service.use_agent_tools(tools.for_agent)
@@ -298,6 +303,8 @@ async def serve(
                 # the other daemons adopt this one's agents at once.
                 if node is not None:
                     await node.leave()
+                if service.relay is not None:
+                    await service.relay.aclose()
                 if alone is not None:
                     await alone.close()
         finally:

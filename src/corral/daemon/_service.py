@@ -81,7 +81,7 @@ from corral.daemon._errors import (
 )
 from corral.daemon._events import Event, NewEvent
 from corral.daemon._feed import EventFeed, Observer
-from corral.daemon._ownership import Ownership
+from corral.daemon._ownership import Ownership, Relay
 from corral.daemon._policy import BUDGET_EXHAUSTED as BUDGET_HELD
 from corral.daemon._records import AgentRecord, DecisionRecord, TurnUsage
 from corral.daemon._spec import AgentSpec, parse_spec
@@ -251,6 +251,7 @@ class AgentService:
         # Which agents this daemon acts for: all of them, unless several daemons share the
         # store (docs/daemon.md, "Several daemons").
         self._ownership = ownership
+        self.relay: Relay | None = None
         self._closed = False
         # Releases of ended agents' harness workers, run off the mutex (see _release_soon).
         self._releases: set[asyncio.Task[None]] = set()
@@ -408,6 +409,11 @@ class AgentService:
                     logger.info("agent %s: ended what its stop left running", rec["id"])
             except Exception:
                 logger.exception("agent %s: could not end a leftover process", rec["id"])
+
+    def use_relay(self, relay: Relay) -> None:
+        """Several daemons: commands that callers in this process (the console, MCP tools)
+        give about agents another daemon owns are sent there (``_cluster._relay``)."""
+        self.relay = relay
 
     def use_agent_tools(self, tools: AgentTools) -> None:
         """Hand each turn ``tools(agent_id, spec)`` (``TurnRequest.extra_tools``): the daemon

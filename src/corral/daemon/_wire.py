@@ -75,13 +75,14 @@ class HttpxWire:
         token: str | None,
         timeout_s: float,
         transport: httpx.AsyncBaseTransport | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         import httpx
 
         self._httpx = httpx
         self._client = httpx.AsyncClient(
             base_url=url,
-            headers=headers_for(token),
+            headers={**headers_for(token), **(headers or {})},
             transport=transport,
             timeout=timeout_s,
             verify=tls_for(url),

@@ -19,7 +19,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import corral
 from corral.daemon._api import ScopedService
-from corral.daemon._auth import CALLER_SCOPE_KEY, is_loopback_host, sendable
+from corral.daemon._auth import (
+    ACTING_AS_HEADER,
+    CALLER_SCOPE_KEY,
+    OPERATOR,
+    Caller,
+    is_loopback_host,
+    sendable,
+)
 from corral.daemon._callers import Callers
 from corral.daemon._databases import Databases
 from corral.daemon._errors import InvalidRequestError, UnauthorizedError
@@ -47,7 +54,7 @@ from corral.daemon._http._common import (
 )
 from corral.daemon._metrics import Metrics
 from corral.daemon._service import AgentService
-from corral.daemon._tokens import TokenIndex
+from corral.daemon._tokens import TokenIndex, name_problem
 from corral.kernel import CorralError, InvalidArgumentError
 from corral.kernel import _validate as v
 
@@ -256,6 +263,14 @@ class _Gate:
             caller = self.callers.of(given.strip()) if scheme.lower() == "bearer" else None
             if caller is None:
                 return UnauthorizedError()
+            acting_as = headers.get(ACTING_AS_HEADER)
+            if acting_as is not None and caller.name == OPERATOR and caller.is_operator:
+                # Another daemon of the store relays a person's command (the daemon token
+                # is every daemon's, and it may name any operator anyway).
+                problem = name_problem(acting_as)
+                if problem is not None:
+                    return InvalidRequestError([{"field": ACTING_AS_HEADER, "message": problem}])
+                caller = Caller(acting_as)
             scope[CALLER_SCOPE_KEY] = caller  # read by the routes' api_of and by MCP
         origin = headers.get("origin")
         if origin is not None and not self._origin_allowed(origin, headers.get("host")):
