@@ -89,9 +89,11 @@ class Cluster:
         *,
         harness: ScriptedHarness | None = None,
         url: str | None = None,
+        loop: bool = False,
         **options: Any,
     ) -> Member:
-        """A node joined, its service started, the node started with ``loop=False``."""
+        """A node joined, its service started, the node started (``loop`` False: the test
+        calls ``tick``)."""
         store, node = await self.node(name, url=url)
         harness = harness or ScriptedHarness()
         options.setdefault("token", TOKEN)
@@ -105,7 +107,7 @@ class Cluster:
         )
         self._services.append(service)
         await service.start()
-        await node.start(service, loop=False)
+        await node.start(service, loop=loop)
         return Member(name, store, node, service, harness, self.root / name)
 
     async def sql(self, statement: str, *params: Any) -> list[tuple[Any, ...]]:

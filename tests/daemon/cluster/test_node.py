@@ -5,6 +5,7 @@ a restart under the same name, and following the other nodes' writes."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -45,7 +46,7 @@ async def _count(nodes: Cluster, type_: str, agent: str) -> int:
 
 
 async def test_a_dead_nodes_turn_is_interrupted_once_and_retried_by_its_adopter(
-    nodes: Cluster,
+    nodes: Cluster, caplog: pytest.LogCaptureFixture
 ) -> None:
     a, b = await nodes.member("a"), await nodes.member("b")
     w = await _hanging(a)
@@ -66,9 +67,12 @@ async def test_a_dead_nodes_turn_is_interrupted_once_and_retried_by_its_adopter(
 
     # a comes back to life and its turn ends: its outcome is refused, nothing is written.
     log = await nodes.log()
+    caplog.clear()
     a.harness.release("w")
     await asyncio.wait_for(a.service.settled(w), 10)
     assert await nodes.log() == log
+    # Dropped as expected (not a failed turn task).
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
     assert "released" not in [e.data.get("output") for e in log]
 
     assert await b.node.tick() == []  # adopted once
@@ -310,3 +314,19 @@ async def test_a_node_that_stopped_acting_in_time_takes_its_agents_back(
     await settle(lambda: a.harness.prompts(w) == ["go", "go"])
     await asyncio.wait_for(a.service.settled(w), 10)
     assert await _count(nodes, ev.TURN_INTERRUPTED, w) == 1
+
+
+async def test_a_notification_wakes_a_following_node(nodes: Cluster) -> None:
+    # With its loops running, b reads a's commits when their NOTIFY arrives (its lease,
+    # renewed every 15 s here, plays no part).
+    a, b = await nodes.member("a"), await nodes.member("b", loop=True)
+    seen: list[int] = []
+    b.store.watch(lambda events, own: seen.extend(e.seq for e in events if not own))
+    x = await a.spawn(name="x")
+    await settle(lambda: x in b.store.state.agents, within_s=10)
+    await a.service.prompt(x, "hi")
+    await asyncio.wait_for(a.service.settled(x), 10)
+    last = a.store.state.last_seq
+    await settle(lambda: b.store.state.last_seq == last, within_s=10)
+    assert seen == list(range(1, last + 1))
+    assert b.store.state.agents[x]["lastOutput"] == "ok"
