@@ -236,6 +236,24 @@ async def test_a_node_restarted_before_adoption_claims_its_agents_back(nodes: Cl
     assert await nodes.log() == log
 
 
+async def test_a_node_restarted_after_adoption_ends_its_leftovers_only(nodes: Cluster) -> None:
+    a, b = await nodes.member("a"), await nodes.member("b")
+    w = await _hanging(a)
+    await a.service.close()
+    await nodes.expire("a")
+    assert await b.node.tick() == [w]
+    await settle(lambda: b.harness.prompts(w) == ["go"])
+    await asyncio.wait_for(b.service.settled(w), 10)
+    assert (a.home / "agents" / w / "state").is_dir()
+    log = await nodes.log()
+
+    again = await nodes.member("a")
+    assert again.node.held == frozenset()
+    assert again.harness.reaped == [w]  # what the dead daemon left of w on its machine
+    assert (await nodes.leases())[w] == ("b", 2)
+    assert await nodes.log() == log
+
+
 # --- following --------------------------------------------------------------------------------
 
 
