@@ -67,6 +67,9 @@ class Forwarding:
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, receive, self._closing(send))
+            return
         if scope["type"] != "http" or scope["method"] in _SAFE:
             await self.app(scope, receive, send)
             return
@@ -213,6 +216,17 @@ class Forwarding:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+    def _closing(self, send: Send) -> Send:
+        """``send`` that closes the client to the other daemons once the app has shut down
+        (its pooled connections would otherwise outlive the app)."""
+
+        async def closing(message: Message) -> None:
+            if message["type"] == "lifespan.shutdown.complete":
+                await self.aclose()
+            await send(message)
+
+        return closing
 
 
 async def _read(receive: Receive) -> bytes:

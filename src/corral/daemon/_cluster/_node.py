@@ -142,6 +142,7 @@ class Node:
         self._tasks: list[asyncio.Task[None]] = []
         self._dirty = asyncio.Event()
         self._left = False
+        self._lost_some = False  # agents dropped by _lost, not yet taken back
 
     # --- ownership (the service's Ownership, and the store's Fence) -----------------------
 
@@ -349,14 +350,15 @@ class Node:
 
     async def tick(self) -> list[str]:
         """One round: renew this node's lease (a lease found run out: stop acting for every
-        agent, join again under a new incarnation), adopt a fair share of the agents
-        nobody owns, read the log. The agents adopted. Raises ``StoreUnavailableError``
+        agent, join again under a new incarnation; then take back those still leased to
+        it, as a restart does), adopt a fair share of the agents nobody owns, read the
+        log. The agents adopted. Raises ``StoreUnavailableError``
         when the database does not answer."""
         try:
             if not await self._renew():
                 await self._lost("its lease ran out before it was renewed")
                 await self._enter_when_free()
-            adopted = await self._adopt()
+            adopted = await self._reclaim() + await self._adopt()
         except psycopg.OperationalError as exc:
             raise StoreUnavailableError(self._store.dsn_shown, str(exc).strip()) from exc
         if adopted and self._service is not None:
@@ -386,6 +388,9 @@ class Node:
     async def _lost(self, why: str) -> None:
         gone = list(self._held)
         self._held.clear()
+        # Their leases still name this node, live again once it renews or joins again:
+        # nobody else adopts them, so the next round takes them back (see _reclaim).
+        self._lost_some = self._lost_some or bool(gone)
         logger.warning("node %s: %s; stopping %d agent(s)", self.name, why, len(gone))
         if gone and self._service is not None:
             await self._service.disown(gone)
@@ -403,6 +408,14 @@ class Node:
             # Counted from when the renewal was sent, with a margin for clocks that drift.
             self._valid_until = sent + self.lease_s * 0.75
         return renewed
+
+    async def _reclaim(self) -> list[str]:
+        """After :meth:`_lost`: the leases still in this node's name that no other node
+        adopted meanwhile, taken back with their epochs moved on (as after a restart)."""
+        if not self._lost_some or not self._fresh():
+            return []
+        self._lost_some = False
+        return await self._claim_own()
 
     async def _claim_own(self) -> list[str]:
         """This node's leases from its last incarnation, with their epochs moved on."""
