@@ -643,3 +643,13 @@ def test_exit_codes() -> None:
     assert cli.exit_code(RemoteError("shutting_down", "bye", status=503, retryable=True)) == 75
     assert cli.exit_code(DaemonUnreachableError("http://x", "refused")) == 69
     assert cli.exit_code(RemoteError("internal_error", "boom", status=500)) == 1
+
+
+async def test_nodes_of_a_daemon_alone(daemon: FrontDoor, tmp_path: Path) -> None:
+    said = ok(await corral("--url", daemon.url, "nodes"))
+    assert said == "this daemon runs alone on its store (started without --node)\n"
+    listed = json.loads(ok(await corral("--url", daemon.url, "nodes", "--json")))
+    assert listed == {"node": None, "leaseS": None, "nodes": []}
+    err = refused(await corral("--url", daemon.url, "spawn", spec_file(tmp_path), "--node", "b"), 2)
+    assert err.startswith("error node_not_found: no live daemon named 'b'")
+    assert daemon.store.state.agents == {}

@@ -157,3 +157,38 @@ async def test_a_daemon_alone_has_no_nodes_and_no_node_to_ask_for(front: FrontDo
 
 def _spec(name: str) -> dict[str, object]:
     return {"name": name, "harness": "command", "command": ["worker"]}
+
+
+async def test_the_command_line_lists_the_nodes_and_spawns_on_one(
+    pair: Pair, tmp_path: Path
+) -> None:
+    import asyncio
+    import functools
+    import json
+
+    from typer.testing import CliRunner
+
+    from corral import cli
+
+    app = cli.build_app()
+    env = {"CORRAL_URL": pair.urls["a"], "CORRAL_TOKEN": TOKEN, "COLUMNS": "200"}
+
+    async def corral(*args: str) -> str:
+        invoke = functools.partial(CliRunner().invoke, app, list(args), env=env)
+        result = await asyncio.to_thread(invoke)
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(_spec("s")))
+    made = json.loads(await corral("spawn", str(spec), "--node", "b", "--json"))
+    await pair.b.store.refresh()
+    assert made["id"] in pair.b.node.held
+    table = await corral("nodes")
+    lines = {line.split()[1]: line for line in table.splitlines() if line.startswith("│ ")}
+    assert "nodes (lease" in table
+    assert "(this one)" in lines["a"]
+    assert "live" in lines["b"]
+    listed = json.loads(await corral("nodes", "--json"))
+    assert listed["node"] == "a"
+    assert {n["name"]: n["agents"] for n in listed["nodes"]}["b"] == [made["id"]]
