@@ -110,7 +110,7 @@ def test_stopping_a_parent_stops_its_children_first(api: httpx.Client) -> None:
     assert answer.json()["stopped"] == [first, second, lead]
     for agent_id in (lead, first, second):
         assert agent_record(api, agent_id)["state"] == "stopped"
-    params = {"format": "json", "type": "agent.state_changed", "limit": 1000}
+    params: dict[str, str | int] = {"format": "json", "type": "agent.state_changed", "limit": 1000}
     log = api.get("/events", params=params).json()
     ours = {lead, first, second}  # the daemon is shared: other tests' agents stop too
     stops = [e for e in log["events"] if e["data"]["to"] == "stopped" and e["agentId"] in ours]
