@@ -27,6 +27,14 @@ STUBBORN = "trap '' TERM; echo $$ > pid; while :; do sleep 0.05; done"
 SECOND_TIME = 'if [ -f mark ]; then echo "fine now"; else touch mark; exit 3; fi'
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    """One daemon for the tests that neither restart it nor need it empty: each spawns agents
+    of its own and reads only what concerns them (starting a daemon takes seconds)."""
+    with ServeProcess(tmp_path_factory.mktemp("lifecycle")) as daemon:
+        yield daemon
+
+
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[ServeProcess]:
     with ServeProcess(tmp_path) as daemon:
@@ -34,8 +42,8 @@ def served(tmp_path: Path) -> Iterator[ServeProcess]:
 
 
 @pytest.fixture
-def api(served: ServeProcess) -> Iterator[httpx.Client]:
-    with served.client() as client:
+def api(shared: ServeProcess) -> Iterator[httpx.Client]:
+    with shared.client() as client:
         yield client
 
 
@@ -102,8 +110,10 @@ def test_stopping_a_parent_stops_its_children_first(api: httpx.Client) -> None:
     assert answer.json()["stopped"] == [first, second, lead]
     for agent_id in (lead, first, second):
         assert agent_record(api, agent_id)["state"] == "stopped"
-    log = api.get("/events", params={"format": "json", "type": "agent.state_changed"}).json()
-    stops = [e for e in log["events"] if e["data"]["to"] == "stopped"]
+    params: dict[str, str | int] = {"format": "json", "type": "agent.state_changed", "limit": 1000}
+    log = api.get("/events", params=params).json()
+    ours = {lead, first, second}  # the daemon is shared: other tests' agents stop too
+    stops = [e for e in log["events"] if e["data"]["to"] == "stopped" and e["agentId"] in ours]
     assert [(e["agentId"], e["data"].get("stoppedWith")) for e in stops] == [
         (first, lead),
         (second, lead),

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,17 @@ def _cli_env(daemon: ServeProcess) -> dict[str, str]:
     return {**os.environ, "CORRAL_URL": daemon.url, "CORRAL_TOKEN": daemon.token}
 
 
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    """One daemon for the tests that do not restart it: each works with an agent of its own
+    (a daemon takes seconds to start)."""
+    with ServeProcess(tmp_path_factory.mktemp("turns")) as served:
+        yield served
+
+
 @pytest.mark.timeout(90)
-def test_a_100_mb_turn_leaves_the_list_small_and_its_log_capped(tmp_path: Path) -> None:
-    with ServeProcess(tmp_path) as daemon, daemon.client() as api:
+def test_a_100_mb_turn_leaves_the_list_small_and_its_log_capped(daemon: ServeProcess) -> None:
+    with daemon.client() as api:
         spec = {
             "name": "loud",
             "harness": "command",
@@ -42,6 +51,7 @@ def test_a_100_mb_turn_leaves_the_list_small_and_its_log_capped(tmp_path: Path) 
         loud = created.json()["id"]
         until_state(api, loud, "idle")
 
+        # The daemon is shared: the list may hold the other tests' (small) agents too.
         listed = api.get("/agents")
         assert len(listed.content) < 4_000, len(listed.content)
         shown = api.get(f"/agents/{loud}")
@@ -100,7 +110,7 @@ def test_a_successful_turn_keeps_stdout_and_stderr_across_a_restart(tmp_path: Pa
 
 
 @pytest.mark.timeout(90)
-def test_logs_follow_sees_lines_while_the_turn_runs(tmp_path: Path) -> None:
+def test_logs_follow_sees_lines_while_the_turn_runs(daemon: ServeProcess, tmp_path: Path) -> None:
     go = tmp_path / "go"
     # Prints a line, waits until the test has seen it, prints another.
     script = (
@@ -109,7 +119,7 @@ def test_logs_follow_sees_lines_while_the_turn_runs(tmp_path: Path) -> None:
         f"while not os.path.exists({str(go)!r}): time.sleep(0.02)\n"
         "print('second \\x1b[31mline', flush=True)\n"
     )
-    with ServeProcess(tmp_path) as daemon, daemon.client() as api:
+    with daemon.client() as api:
         spec = {
             "name": "slow",
             "harness": "command",
@@ -148,7 +158,7 @@ def test_logs_follow_sees_lines_while_the_turn_runs(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_prompt_wait_exits_with_the_turns_outcome(tmp_path: Path) -> None:
+def test_prompt_wait_exits_with_the_turns_outcome(daemon: ServeProcess) -> None:
     # The prompt decides: "ok" succeeds, "fail" exits 3, "hang" waits to be stopped.
     script = (
         "import sys, time\n"
@@ -157,7 +167,7 @@ def test_prompt_wait_exits_with_the_turns_outcome(tmp_path: Path) -> None:
         "if p == 'hang': time.sleep(60)\n"
         "print('answer to', p)\n"
     )
-    with ServeProcess(tmp_path) as daemon, daemon.client() as api:
+    with daemon.client() as api:
         spec = {"name": "w", "harness": "command", "command": [sys.executable, "-c", script]}
         agent = api.post("/agents", json={**spec, "onFailure": "ask"}).json()["id"]
         env = _cli_env(daemon)
