@@ -12,6 +12,7 @@ shows for it, which the command's own help begins with; tests/test_cli_app.py ch
 entry builds, begins its help and takes ``--json``).
 """
 
+import gc
 import sys
 from typing import TYPE_CHECKING
 
@@ -92,3 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         # The reader of our output went away (`corral events | head -1`): no traceback, and
         # the status a process ended by SIGPIPE has (128 + 13), as Unix tools end.
         raise SystemExit(141) from None
+    finally:
+        # Everything imported lives until the process ends: collecting it at exit costs a
+        # process that loaded the daemon 0.4 to 0.9 s, for nothing.
+        gc.freeze()
