@@ -142,6 +142,7 @@ class Node:
         self._tasks: list[asyncio.Task[None]] = []
         self._dirty = asyncio.Event()
         self._left = False
+        self._reclaim = False  # set when it stopped acting for its agents (see tick)
 
     # --- ownership (the service's Ownership, and the store's Fence) -----------------------
 
@@ -336,7 +337,14 @@ class Node:
             if not await self._renew():
                 await self._lost("its lease ran out before it was renewed")
                 await self._enter()
-            adopted = await self._adopt()
+            reclaimed: list[str] = []
+            if self._reclaim:
+                # Leases that still name this node once it is live again (nobody adopted
+                # them meanwhile) are its own, at a new epoch: no other node would adopt
+                # them from a live node, so it acts for them again.
+                reclaimed = await self._claim_own()
+                self._reclaim = False
+            adopted = reclaimed + await self._adopt()
         except psycopg.OperationalError as exc:
             raise StoreUnavailableError(self._store.dsn_shown, str(exc).strip()) from exc
         if adopted and self._service is not None:
@@ -366,6 +374,7 @@ class Node:
     async def _lost(self, why: str) -> None:
         gone = list(self._held)
         self._held.clear()
+        self._reclaim = True
         logger.warning("node %s: %s; stopping %d agent(s)", self.name, why, len(gone))
         if gone and self._service is not None:
             await self._service.disown(gone)
