@@ -1,6 +1,7 @@
 """Chaos: three ``corral serve --node`` daemons on one PostgreSQL database, agents prompted
 without pause through random daemons, and every few seconds a random daemon killed (kill -9)
-and started again, for ``CORRAL_CHAOS_S`` seconds (``make chaos``). Then, once every turn has
+and started again (meanwhile another may be killed, never the last one up), for
+``CORRAL_CHAOS_S`` seconds (``make chaos``). Then, once every turn has
 ended: every agent leased to one live daemon, the log gapless, every turn started ended
 once, the projections equal to a replay of the log, every SSE client (each resumed on
 another daemon when its own died) saw the whole log once and in order, and every prompt a
@@ -135,18 +136,42 @@ def test_random_daemons_killed_under_load(tmp_path: Path, postgres_dsn: str) -> 
             threads = [threading.Thread(target=clients, args=(w,), daemon=True) for w in range(3)]
             for thread in threads:
                 thread.start()
-            while time.monotonic() < deadline:
+            restarting: dict[str, threading.Thread] = {}
+            failures: list[BaseException] = []
+
+            def restart(name: str, after_s: float) -> None:
+                # Back at once (its lease still runs: refused until it has run out), or after
+                # the others may have adopted its agents.
+                time.sleep(after_s)  # the chaos's pace, not a wait
+                try:
+                    cluster.restart(name, within_s=120)
+                except BaseException as exc:
+                    failures.append(exc)
+
+            while time.monotonic() < deadline and not failures:
                 time.sleep(rng.uniform(*KILL_EVERY_S))  # the chaos's pace, not a wait
-                victim = rng.choice(list(cluster.nodes))
+                for name, thread in list(restarting.items()):
+                    if not thread.is_alive():
+                        del restarting[name]
+                up = [
+                    n for n, node in cluster.nodes.items() if n not in restarting and node.running
+                ]
+                if len(up) < 2:
+                    continue  # never the last one standing
+                victim = rng.choice(up)
                 cluster.nodes[victim].kill_9()
                 kills.append(victim)
-                # Back at once (its lease still runs: refused until it has run out), or
-                # after the others may have adopted its agents.
-                time.sleep(rng.uniform(0, 2 * LEASE_S))
-                cluster.restart(victim, within_s=60)
+                restarting[victim] = threading.Thread(
+                    target=restart, args=(victim, rng.uniform(0, 2 * LEASE_S)), daemon=True
+                )
+                restarting[victim].start()
+            for thread in restarting.values():
+                thread.join(180)
             stop.set()
             for thread in threads:
                 thread.join(120)
+            if failures:
+                raise failures[0]
 
             settled(cluster, "n1", within_s=120)
             check_invariants(cluster, within_s=60)
