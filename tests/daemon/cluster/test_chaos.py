@@ -1,13 +1,13 @@
 """Chaos: three ``corral serve --node`` daemons on one PostgreSQL database, agents prompted
 without pause through random daemons, and every few seconds a random daemon killed (kill -9)
-and started again (meanwhile another may be killed, never the last one up), for
-``CORRAL_CHAOS_S`` seconds (``make chaos``). Then, once every turn has
-ended: every agent leased to one live daemon, the log gapless, every turn started ended
-once, the projections equal to a replay of the log, every SSE client (each resumed on
-another daemon when its own died) saw the whole log once and in order, and every prompt a
-daemon accepted started exactly one turn (nothing lost, nothing done twice; a turn cut short
-by a kill is retried, and its work may have been done by the leftover before its daemon
-came back: at most once more per interrupted turn).
+and started again (meanwhile another may be killed, never the last one up), or now and then
+paused (SIGSTOP) past its lease and resumed, for ``CORRAL_CHAOS_S`` seconds (``make chaos``).
+Then, once every turn has ended: every agent leased to one live daemon, the log gapless,
+every turn started ended once, the projections equal to a replay of the log, every SSE
+client (each resumed on another daemon when its own died) saw the whole log once and in
+order, and every prompt a daemon accepted started exactly one turn (nothing lost, nothing
+done twice; a turn cut short by a kill or a pause is retried, and its work may have been
+done by the leftover meanwhile: at most once more per interrupted turn).
 
 ``CORRAL_CHAOS_SEED`` replays a run's random choices (the seed is printed).
 """
@@ -45,7 +45,8 @@ pytestmark = [
 
 LEASE_S = 2.0
 AGENTS_PER_NODE = 3
-KILL_EVERY_S = (2.0, 5.0)  # a kill every so many seconds, chosen at random
+KILL_EVERY_S = (2.0, 5.0)  # a kill (or a pause) every so many seconds, chosen at random
+PAUSE_SHARE = 0.25  # SIGSTOP past the lease, then SIGCONT, instead of a kill
 ATTEMPTS = 30  # tries of one prompt (its idempotency key) through the daemons
 RETRY_PAUSE_S = 0.2  # between two tries of one prompt: the pace of a client, not a wait
 
@@ -103,6 +104,7 @@ def test_random_daemons_killed_under_load(tmp_path: Path, postgres_dsn: str) -> 
     cluster = Cluster(tmp_path, postgres_dsn, ("n1", "n2", "n3"), lease_s=LEASE_S)
     load = Load()
     kills: list[str] = []
+    pauses: list[str] = []
     with cluster:
         try:
             tails = [EventTail(cluster, name) for name in cluster.nodes]
@@ -148,6 +150,10 @@ def test_random_daemons_killed_under_load(tmp_path: Path, postgres_dsn: str) -> 
                 except BaseException as exc:
                     failures.append(exc)
 
+            def resume(name: str, after_s: float) -> None:
+                time.sleep(after_s)  # the chaos's pace, not a wait
+                cluster.nodes[name].resume()
+
             while time.monotonic() < deadline and not failures:
                 time.sleep(rng.uniform(*KILL_EVERY_S))  # the chaos's pace, not a wait
                 for name, thread in list(restarting.items()):
@@ -159,10 +165,18 @@ def test_random_daemons_killed_under_load(tmp_path: Path, postgres_dsn: str) -> 
                 if len(up) < 2:
                     continue  # never the last one standing
                 victim = rng.choice(up)
-                cluster.nodes[victim].kill_9()
-                kills.append(victim)
+                if rng.random() < PAUSE_SHARE:
+                    cluster.nodes[victim].pause()
+                    pauses.append(victim)
+                    action = resume
+                    after_s = rng.uniform(1.5 * LEASE_S, 3 * LEASE_S)  # past its lease
+                else:
+                    cluster.nodes[victim].kill_9()
+                    kills.append(victim)
+                    action = restart
+                    after_s = rng.uniform(0, 2 * LEASE_S)
                 restarting[victim] = threading.Thread(
-                    target=restart, args=(victim, rng.uniform(0, 2 * LEASE_S)), daemon=True
+                    target=action, args=(victim, after_s), daemon=True
                 )
                 restarting[victim].start()
             for thread in restarting.values():
@@ -180,12 +194,12 @@ def test_random_daemons_killed_under_load(tmp_path: Path, postgres_dsn: str) -> 
                 check_stream(tail.until(len(log), within_s=60), log)
             report = account(cluster, load, log, ledgers)
             print(
-                f"chaos: kills {Counter(kills)}; answers {dict(load.statuses)}; "
-                f"{len(log)} events; " + report
+                f"chaos: kills {Counter(kills)}; pauses {Counter(pauses)}; "
+                f"answers {dict(load.statuses)}; {len(log)} events; " + report
             )
             print("chaos: streams read from " + "; ".join(" ".join(t.sources) for t in tails))
         except BaseException:
-            print(f"chaos: seed {seed}, kills {kills}\n{cluster.logs()}")
+            print(f"chaos: seed {seed}, kills {kills}, pauses {pauses}\n{cluster.logs()}")
             raise
 
 
