@@ -260,21 +260,6 @@ class Cluster:
         assert answer.status_code == 200, answer.text
         return {n["name"]: n["live"] for n in answer.json()["nodes"]}
 
-    def events(self, via: str, *, after: int = 0, agent: str | None = None) -> list[dict[str, Any]]:
-        """The log as ``via`` serves it (``format=json``, every page)."""
-        found: list[dict[str, Any]] = []
-        while True:
-            params: dict[str, Any] = {"format": "json", "after": after, "limit": 1000}
-            if agent is not None:
-                params["agent"] = agent
-            answer = self.api(via).get("/events", params=params)
-            assert answer.status_code == 200, answer.text
-            page = answer.json()
-            found += page["events"]
-            if page["scannedTo"] <= after or page["scannedTo"] >= page["lastSeq"]:
-                return found
-            after = page["scannedTo"]
-
     # --- the store, read directly -------------------------------------------------------------
 
     def query(self, statement: str, *args: Any) -> list[tuple[Any, ...]]:
