@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run tour test lint bench screenshots format clean fuzz fuzz-api fuzz-stores fuzz-gateway fuzz-teams
+.PHONY: run tour test lint bench screenshots format clean fuzz fuzz-api fuzz-stores fuzz-gateway fuzz-teams chaos
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,14 @@ fuzz-teams: $(STAMP)
 
 fuzz-gateway: $(STAMP)
 	HYPOTHESIS_PROFILE=long $(BIN)/pytest -q -p no:randomly --timeout=0 tests/gateway/test_emptiness.py
+
+# Three daemons on one PostgreSQL database (CORRAL_TEST_PG), a random one killed every few
+# seconds under load for CORRAL_CHAOS_S seconds, then the cluster's invariants checked
+# (tests/daemon/cluster/test_chaos.py; CORRAL_CHAOS_SEED replays a run). `make test` skips it.
+CORRAL_CHAOS_S ?= 60
+chaos: $(STAMP)
+	env -u PYTHONDONTWRITEBYTECODE CORRAL_CHAOS_S=$(CORRAL_CHAOS_S) $(BIN)/pytest -q -rP \
+		-p no:randomly --timeout 600 tests/daemon/cluster/test_chaos.py
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -346,6 +346,28 @@ async def test_idempotent_commands_are_applied_once(env: Env) -> None:
     assert env.harness.prompts(agent_id) == ["once"]
 
 
+@pytest.mark.parametrize("answer", ["retry", "stop", "budget"])
+async def test_an_answer_sent_again_with_its_key_is_replayed(env: Env, answer: str) -> None:
+    # A client that lost the answer sends it again with the same key (through another
+    # daemon, when several share a store): it gets the first answer, applied once.
+    budget = None
+    if answer == "budget":  # held on its budget: one turn of one
+        agent_id = await env.spawn(name="w", prompt="go", budget={"maxTurns": 1})
+        await env.until(agent_id, "idle")
+        with pytest.raises(AgentBudgetExhaustedError):
+            await env.service.prompt(agent_id, "more")
+        budget = {"maxTurns": 5}
+    else:  # held on a failure
+        env.harness.script("w", fail())
+        agent_id = await env.spawn(name="w", prompt="go", onFailure="ask")
+    decision = (await env.until(agent_id, "blocked"))["decision"]
+    first = await env.service.answer(decision, answer, budget=budget, idempotency_key="a1")
+    again = await env.service.answer(decision, answer, budget=budget, idempotency_key="a1")
+    assert (first.replayed, again.replayed) == (False, True)
+    assert (again.status, again.body) == (first.status, first.body)
+    assert [r["answer"] for r in env.service.resolutions()] == [answer]
+
+
 async def test_a_turn_that_would_pass_the_budget_does_not_start(env: Env) -> None:
     agent_id = await env.spawn(name="w", prompt="one", budget={"maxTurns": 1})
     await env.until(agent_id, "idle")

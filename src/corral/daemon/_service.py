@@ -1303,16 +1303,17 @@ class AgentService:
         if found is None:
             raise DecisionNotFoundError(decision_id)
         command = {"command": "answer", "decision": decision_id, "answer": answer}
-        replayed = _commands.replayed(self.store.state, idempotency_key, command)
-        if replayed is not None:
-            return replayed
+        # retry and budget are recorded under their own arguments by prompt and
+        # change_budget, which replay them (before refusing an answered decision).
+        if answer not in ("retry", "budget"):
+            replayed = _commands.replayed(self.store.state, idempotency_key, command)
+            if replayed is not None:
+                return replayed
         accepted = _queries.answers_of(found)
         if found["state"] == "pending" and answer not in accepted:
             raise AnswerNotAcceptedError(decision_id, found["kind"], answer, accepted)
         answering = Answering(decision_id, answer, note)
         agent_id = found["agentId"]
-        if found["kind"] != "approval":
-            self._still_pending(answering)
         key = idempotency_key
         if answer == "retry":
             return await self.prompt(

@@ -42,6 +42,9 @@ _BREAKER = re.compile(r"^/gateway/[^/]+/agents/(?P<ref>[^/]+)/(?:freeze|reinstat
 _HOP = frozenset(
     {"host", "connection", "keep-alive", "transfer-encoding", "content-length", "te", "upgrade"}
 )
+# Not copied from the owner's answer: httpx has decoded its body, and this daemon's server
+# adds its own Date and Server (two Date headers would break the answer).
+_ANSWER_OWN = frozenset({"content-encoding", "date", "server"})
 
 
 class Forwarding:
@@ -154,7 +157,7 @@ class Forwarding:
         raw = [
             (k.encode("latin-1"), v.encode("latin-1"))
             for k, v in answer.headers.items()
-            if k.lower() not in _HOP and k.lower() != "content-encoding"
+            if k.lower() not in _HOP and k.lower() not in _ANSWER_OWN
         ]
         content = answer.content
         raw.append((b"content-length", str(len(content)).encode()))

@@ -307,6 +307,10 @@ class Node:
         end what is left on this machine of agents it does not own; then renew every
         ``lease_s / 4`` and follow the log (``loop`` False: the caller calls :meth:`tick`)."""
         self._service = service
+        if not await self._renew():
+            # The service's start outlasted the lease taken at join: what adopting writes
+            # would be refused, so join again first.
+            await self._enter_when_free()
         own = await self._claim_own()
         if own:
             await service.adopt(own)

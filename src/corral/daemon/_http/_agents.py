@@ -215,6 +215,9 @@ async def events(
     api = api_of(request)
     # A reconnecting EventSource sends the header with its original URL: the header wins.
     start = _cursor(last_event_id) if last_event_id is not None else (after or 0)
+    if start > api.service.store.state.last_seq:
+        # Another daemon's cursor (several daemons): this one may not have read that far.
+        await api.service.store.refresh()
     last = api.service.store.state.last_seq
     if start > last:
         raise InvalidRequestError(

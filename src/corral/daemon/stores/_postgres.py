@@ -88,9 +88,13 @@ class _Statements:
                 "CREATE TABLE IF NOT EXISTS {counter} (id boolean PRIMARY KEY DEFAULT true "
                 "CHECK (id), last_seq bigint NOT NULL)"
             ),
+            # Only when the row is missing: inserting over it would wait for another daemon's
+            # append in flight (it has bumped the row), which waits for this transaction's
+            # lock on the events table: a deadlock.
             q(
                 "INSERT INTO {counter} (id, last_seq) "
-                "SELECT true, COALESCE(MAX(seq), 0) FROM {events} ON CONFLICT (id) DO NOTHING"
+                "SELECT true, (SELECT COALESCE(MAX(seq), 0) FROM {events}) "
+                "WHERE NOT EXISTS (SELECT 1 FROM {counter}) ON CONFLICT (id) DO NOTHING"
             ),
         ]
         self.ddl += postgres_ddl(table)  # turn records (see stores._turns)
