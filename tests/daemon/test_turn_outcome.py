@@ -22,6 +22,7 @@ from corral.daemon import (
 )
 from corral.daemon import _events as ev
 from corral.daemon.stores._base import MergeHook
+from corral.daemon.stores._turns import TurnRows
 from corral.runtime import FakeClock
 from tests.daemon.conftest import MakeService
 from tests.support.harness import ScriptedHarness, fail
@@ -48,13 +49,15 @@ class BlippingStore:
     async def open(self) -> None:
         await self.inner.open()
 
-    async def append(self, events: Sequence[NewEvent]) -> list[Event]:
+    async def append(
+        self, events: Sequence[NewEvent], *, turns: TurnRows | None = None
+    ) -> list[Event]:
         if self.fail_outcomes and any(e.type in OUTCOMES for e in events):
             self.fail_outcomes -= 1
             if self.lost_answer:
-                await self.inner.append(events)
+                await self.inner.append(events, turns=turns)
             raise StoreUnavailableError("blipping store", "connection dropped (test)")
-        return await self.inner.append(events)
+        return await self.inner.append(events, turns=turns)
 
     async def read(
         self, after: int = 0, *, agent_id: str | None = None, limit: int = 1000

@@ -1884,8 +1884,11 @@ class AgentService:
         events += _retention.on_commit(self.store.state, events, self.clock.now().isoformat())
         if key is not None and command is not None and result is not None:
             events.append(_commands.recorded(key, command, result))
-        written = await self.store.append(events)
-        await self.turn_book.observe(written)  # turn records (see _turn_records)
+        # Turn records commit in the events' transaction (see _turn_records).
+        draft = await self.turn_book.draft(events)
+        turns = draft.rows if draft is not None and self.turn_book.in_store else None
+        written = await self.store.append(events, turns=turns)
+        await self.turn_book.committed(draft, written)
         for event in written:
             if event.type == ev.TURN_INTERRUPTED and event.agent_id is not None:
                 self._spent.pop(event.agent_id, None)

@@ -1,10 +1,13 @@
 """Turn records: each turn of an agent as a record, with its output and log, kept in the store.
 
-:class:`TurnBook` follows the committed events (:meth:`TurnBook.observe`, called by the
-service after each commit): ``agent.turn_started`` opens a record (written at once, outcome
-``running``), ``agent.turn_completed`` / ``turn_failed`` / ``turn_interrupted`` close it
-(outcome ``succeeded``, ``failed`` or ``interrupted``; a turn cut short by a daemon restart is
-``interrupted``, though the events also count it as failed). While the turn runs its harness
+:class:`TurnBook` drafts the records of the events the service is about to append
+(:meth:`TurnBook.draft`), which the store writes in the same transaction as the events
+(``Store.append(..., turns=)``: a record never commits without its events, nor they without
+it), and follows them once committed (:meth:`TurnBook.committed`): ``agent.turn_started``
+opens a record (outcome ``running``), ``agent.turn_completed`` / ``turn_failed`` /
+``turn_interrupted`` close it (outcome ``succeeded``, ``failed`` or ``interrupted``; a turn
+cut short by a daemon restart is ``interrupted``, though the events also count it as
+failed). While the turn runs its harness
 writes to the open record's :class:`~._turn_log.TurnLog` (:meth:`TurnBook.sink`); the log
 and the output are written with the closed record.
 
@@ -26,17 +29,24 @@ the turn ends); its record says ``interrupted``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from corral.daemon import _events as ev
-from corral.daemon._events import Event
+from corral.daemon._events import Event, NewEvent
 from corral.daemon._state import ENDED_STATES
 from corral.daemon._turn_log import DEFAULT_TURN_LOG_BYTES, LogFanout, TurnLog
-from corral.daemon.stores._turns import TurnStore, turns_of
+from corral.daemon.stores._turns import TurnRow, TurnStore, turns_of
 
-__all__ = ["DEFAULT_TURN_LOG_BYTES", "OUTCOMES", "PROMPT_CHARS", "TurnBook", "clip_output"]
+__all__ = [
+    "DEFAULT_TURN_LOG_BYTES",
+    "OUTCOMES",
+    "PROMPT_CHARS",
+    "TurnBook",
+    "TurnDraft",
+    "clip_output",
+]
 
 logger = logging.getLogger("corral.daemon")
 
@@ -58,6 +68,38 @@ def clip_output(text: str, cap: int) -> str:
     return kept + f"\n[corral: output capped at {cap} bytes: dropped {dropped} more bytes]\n"
 
 
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """One thing a drafted append does to turn records: the event at ``index`` opens
+    (``started``) or closes (``ended``) ``record`` (``log`` its log, ``detail`` the row's
+    ``{"output", "logs"}``), or ends the agent (``gone``: its followers end)."""
+
+    index: int
+    kind: str
+    record: Json
+    log: TurnLog | None
+    detail: Json | None
+
+
+@dataclass(frozen=True, slots=True)
+class TurnDraft:
+    """The turn records an append makes (:meth:`TurnBook.draft`)."""
+
+    steps: list[_Step]
+
+    def rows(self, written: Sequence[Event]) -> list[TurnRow]:
+        """The rows ``(record, detail)`` to write with ``written`` (the drafted events, now
+        numbered, in order): each record takes its event's ``ts``. Pure: a store may call it
+        again when it plans the append again."""
+        rows: list[TurnRow] = []
+        for step in self.steps:
+            if step.detail is None:
+                continue
+            field = "startedAt" if step.kind == "started" else "endedAt"
+            rows.append(({**step.record, field: written[step.index].ts}, step.detail))
+        return rows
+
+
 @dataclass(slots=True)
 class _Open:
     record: Json
@@ -75,6 +117,7 @@ class TurnBook:
         cap: int = DEFAULT_TURN_LOG_BYTES,
         fanout: LogFanout | None = None,
     ) -> None:
+        self._store = store
         self.table: TurnStore = turns_of(store)
         self.cap = cap
         self.fanout = fanout if fanout is not None else LogFanout()
@@ -92,47 +135,98 @@ class TurnBook:
             self._open[agent_id] = found
         return found.log
 
-    async def observe(self, written: Sequence[Event]) -> None:
-        """Follow committed events: open, close and write turn records. Never raises: a
-        record that cannot be written is logged (the events are what counts)."""
-        closed: dict[tuple[str, int], tuple[Json, TurnLog, str | None]] = {}
-        for event in written:
+    @property
+    def in_store(self) -> bool:
+        """Whether the records go to the store's turn tables, in the transaction of the
+        events that make them (``Store.append(..., turns=)``); otherwise to memory."""
+        return self.table is self._store
+
+    async def draft(self, events: Sequence[NewEvent]) -> TurnDraft | None:
+        """What ``events``, about to be appended, do to turn records: None when nothing.
+
+        The rows are made from the events once numbered (:meth:`TurnDraft.rows`, the
+        ``turns`` of ``Store.append``), so they commit with the events or not at all; the
+        book itself changes only when they have committed (:meth:`committed`). A closed
+        turn's log is closed and taken here: the turn is over."""
+        steps: list[_Step] = []
+        opened: dict[str, tuple[Json, TurnLog]] = {}
+        closed: set[tuple[str, int]] = set()
+        for i, event in enumerate(events):
             agent_id = event.agent_id
             if agent_id is None:
                 continue
             kind = event.type
+            turn = event.data.get("turn")
             if kind == ev.TURN_STARTED:
-                await self._started(agent_id, event)
-            elif kind in (ev.TURN_COMPLETED, ev.TURN_FAILED, ev.TURN_INTERRUPTED):
-                turn = event.data.get("turn")
                 if not isinstance(turn, int):
                     continue
-                key = (agent_id, turn)
-                if key in closed:
+                record = self._started(agent_id, turn, event.data)
+                log = self._new_log(agent_id, turn)
+                opened[agent_id] = (record, log)
+                steps.append(_Step(i, "started", record, log, {"output": None, "logs": []}))
+            elif kind in (ev.TURN_COMPLETED, ev.TURN_FAILED, ev.TURN_INTERRUPTED):
+                if not isinstance(turn, int) or (agent_id, turn) in closed:
                     # Interrupted, then counted as failed (a restart): interrupted it stays.
                     continue
-                record, log = await self._close(agent_id, turn)
+                closed.add((agent_id, turn))
+                found = opened.get(agent_id)
+                if found is not None and found[0]["turn"] == turn:
+                    record, log = dict(found[0]), found[1]
+                else:
+                    record, log = await self._open_record(agent_id, turn)
                 output = self._end(record, log, event)
-                closed[key] = (record, log, output)
-                await self._save(record, log, output)
-                self.fanout.publish(
-                    agent_id, {"turn": turn, "event": "ended", "outcome": record["outcome"]}
-                )
+                detail = {"output": output, "logs": log.snapshot()}
+                steps.append(_Step(i, "ended", record, log, detail))
             elif kind == ev.STATE_CHANGED and event.data.get("to") in ENDED_STATES:
-                self.fanout.end(agent_id)
+                steps.append(_Step(i, "gone", {"agentId": agent_id}, None, None))
+        return TurnDraft(steps) if steps else None
 
-    async def _started(self, agent_id: str, event: Event) -> None:
-        data = event.data
-        turn = data.get("turn")
-        if not isinstance(turn, int):
+    async def committed(self, draft: TurnDraft | None, written: Sequence[Event]) -> None:
+        """The events ``draft`` was made of have committed (as ``written``): open and close
+        the book's records, tell the log followers, and write the records to memory when the
+        store keeps none. Never raises for a record (the events are what counts)."""
+        if draft is None:
             return
+        rows = draft.rows(written) if not self.in_store else []
+        for step in draft.steps:
+            agent_id = str(step.record["agentId"])
+            if step.kind == "started":
+                record = {**step.record, "startedAt": written[step.index].ts}
+                previous = self._open.get(agent_id)
+                if previous is not None and previous.log is not step.log:
+                    previous.log.close()  # a turn never closed (it should not happen)
+                assert step.log is not None  # a started step has its log
+                self._open[agent_id] = _Open(record, step.log, loaded=True)
+                self.fanout.publish(agent_id, {"turn": record["turn"], "event": "started"})
+            elif step.kind == "ended":
+                turn = step.record["turn"]
+                found = self._open.get(agent_id)
+                if found is not None and found.record["turn"] == turn:
+                    del self._open[agent_id]
+                outcome = step.record["outcome"]
+                self.fanout.publish(agent_id, {"turn": turn, "event": "ended", "outcome": outcome})
+            else:
+                self.fanout.end(agent_id)
+        for record, detail in rows:  # a store without turn tables: kept in memory
+            try:
+                await self.table.save_turn(record, detail)
+            except Exception as exc:
+                logger.warning(
+                    "agent %s: turn %s's record not written: %s",
+                    record["agentId"],
+                    record["turn"],
+                    exc,
+                )
+
+    @staticmethod
+    def _started(agent_id: str, turn: int, data: Mapping[str, Any]) -> Json:
         prompt = str(data.get("text") or data.get("prompt") or "")
         record: Json = {
             "agentId": agent_id,
             "turn": turn,
             "prompt": prompt[:PROMPT_CHARS],
             "promptChars": len(prompt),
-            "startedAt": event.ts,
+            "startedAt": None,  # the event's ts, once numbered
             "endedAt": None,
             "outcome": "running",
             "error": None,
@@ -143,22 +237,17 @@ class TurnBook:
         }
         for flag in ("retry", "restart", "woken"):
             record[flag] = bool(data.get(flag, False))
-        previous = self._open.get(agent_id)
-        if previous is not None:
-            previous.log.close()  # a turn never closed (it should not happen): let it go
-        self._open[agent_id] = _Open(record, self._new_log(agent_id, turn), loaded=True)
-        self.fanout.publish(agent_id, {"turn": turn, "event": "started"})
-        await self._save(record, None, None)
+        return record
 
-    async def _close(self, agent_id: str, turn: int) -> tuple[Json, TurnLog]:
+    async def _open_record(self, agent_id: str, turn: int) -> tuple[Json, TurnLog]:
+        """The record and log of the agent's turn ``turn``, as the book has them (a copy), or
+        the stored record for a turn started before this process (a restart)."""
         found = self._open.get(agent_id)
         if found is None or found.record["turn"] != turn:
-            # Started before this process (a restart): the record is the stored one.
             return await self._stored(agent_id, turn), self._new_log(agent_id, turn)
-        del self._open[agent_id]
         if not found.loaded:
             return await self._stored(agent_id, turn), found.log
-        return found.record, found.log
+        return dict(found.record), found.log
 
     async def _stored(self, agent_id: str, turn: int) -> Json:
         try:
@@ -169,7 +258,7 @@ class TurnBook:
             return found[0]
         return {"agentId": agent_id, "turn": turn, "startedAt": None, "outcome": "running"}
 
-    def _end(self, record: Json, log: TurnLog, event: Event) -> str | None:
+    def _end(self, record: Json, log: TurnLog, event: NewEvent) -> str | None:
         data = event.data
         log.close()
         output: str | None = None
@@ -184,20 +273,10 @@ class TurnBook:
             record["error"] = data.get("reason")
         usage = data.get("usage")
         record["usage"] = dict(usage) if isinstance(usage, dict) else None
-        record["endedAt"] = event.ts
         record["outputBytes"] = 0 if output is None else len(output.encode("utf-8", "replace"))
         record["logBytes"] = log.kept
         record["droppedBytes"] = log.dropped
         return output
-
-    async def _save(self, record: Json, log: TurnLog | None, output: str | None) -> None:
-        detail = {"output": output, "logs": [] if log is None else log.snapshot()}
-        try:
-            await self.table.save_turn(record, detail)
-        except Exception as exc:
-            logger.warning(
-                "agent %s: turn %s's record not written: %s", record["agentId"], record["turn"], exc
-            )
 
     def _new_log(self, agent_id: str, turn: int) -> TurnLog:
         return TurnLog(agent_id, turn, self.cap, self.fanout)

@@ -10,6 +10,7 @@ from corral.daemon._errors import UnstorableValueError
 from corral.daemon._events import Event, NewEvent
 from corral.daemon._state import State
 from corral.daemon._text import unstorable
+from corral.daemon.stores._turns import TurnRows
 
 logger = logging.getLogger("corral.daemon")
 
@@ -24,8 +25,10 @@ class Store(Protocol):
     """Where the agent service keeps everything.
 
     Contract, for every implementation:
-    - :meth:`append` writes the events and the projection rows they change in ONE transaction
-      and returns only after it has committed (durably: a ``kill -9`` right after loses
+    - :meth:`append` writes the events, the projection rows they change and the turn rows
+      ``turns`` makes of them (``stores._turns.TurnRows``: a turn's record is never written
+      apart from the events that open or close it) in ONE transaction and returns only after
+      it has committed (durably: a ``kill -9`` right after loses
       nothing); on an error ``state`` is unchanged, and nothing is written unless the error
       came after the commit (then :meth:`refresh`, or the next append, brings it in).
     - That transaction may hold other callers' appends too (group commit: appends that
@@ -52,7 +55,9 @@ class Store(Protocol):
     async def open(self) -> None:
         """Create the schema if needed and load the projections."""
 
-    async def append(self, events: Sequence[NewEvent]) -> list[Event]: ...
+    async def append(
+        self, events: Sequence[NewEvent], *, turns: TurnRows | None = None
+    ) -> list[Event]: ...
 
     async def read(
         self, after: int = 0, *, agent_id: str | None = None, limit: int = 1000

@@ -8,7 +8,8 @@ only happens while a commit is under way, never by waiting for company.
 
 The store's part is the ``commit`` callable: :func:`plan` the group on its state (which
 assigns sequence numbers and applies each member's events on the reducer, member by member),
-write ``plan.written`` and the projection rows of ``plan.tx`` in one transaction, then merge
+write ``plan.written``, the projection rows of ``plan.tx`` and the turn rows of
+``plan.turn_rows`` in one transaction, then merge
 ``plan.tx`` into its state with no ``await`` between the commit and the merge.
 
 What each caller gets (docs/daemon.md, "Group commit"):
@@ -42,6 +43,7 @@ from typing import Any
 from corral.daemon._errors import StoreUnavailableError
 from corral.daemon._events import Event, NewEvent
 from corral.daemon._state import State, Tx
+from corral.daemon.stores._turns import TurnRow, TurnRows
 
 __all__ = ["MAX_GROUP_EVENTS", "CommitStats", "GroupCommitter", "Pending", "Plan", "plan"]
 
@@ -70,21 +72,25 @@ class CommitStats:
 
 @dataclass(slots=True, eq=False)
 class Pending:
-    """One caller's append, waiting in the queue: its events and its answer."""
+    """One caller's append, waiting in the queue: its events, its answer, and what makes its
+    turn rows (written in the same transaction; see ``stores._turns.TurnRows``)."""
 
     events: list[NewEvent]
     future: asyncio.Future[list[Event]]
+    turns: TurnRows | None = None
 
 
 @dataclass(slots=True)
 class Plan:
     """What a group makes of a state: ``tx`` holds the projections' changes (not merged),
-    ``written`` every event of the transaction in order, ``accepted`` each committed member
-    with its events, ``refused`` each member the reducer refused with its error, ``deferred``
-    the members left for the next group (they followed a deletion)."""
+    ``written`` every event of the transaction in order, ``turn_rows`` the accepted members'
+    turn rows, ``accepted`` each committed member with its events, ``refused`` each member
+    the reducer refused with its error, ``deferred`` the members left for the next group
+    (they followed a deletion)."""
 
     tx: Tx
     written: list[Event] = field(default_factory=list)
+    turn_rows: list[TurnRow] = field(default_factory=list)
     accepted: list[tuple[Pending, list[Event]]] = field(default_factory=list)
     refused: list[tuple[Pending, Exception]] = field(default_factory=list)
     deferred: list[Pending] = field(default_factory=list)
@@ -121,12 +127,14 @@ def plan(
                     event = Event(tx.last_seq + 1, ts, new.type, new.agent_id, new.data)
                     tx.apply(event)
                     mine.append(event)
+                rows = member.turns(mine) if member.turns is not None else []
             except Exception as exc:  # any rule that raises refuses this member alone
                 refused.append((member, exc))
                 del members[i]
                 break
             result.accepted.append((member, mine))
             result.written += mine
+            result.turn_rows += rows
             if tx.deleted:
                 result.deferred = members[i + 1 :]
                 return result
@@ -158,15 +166,16 @@ class GroupCommitter:
     def stats(self) -> CommitStats:
         return CommitStats(self._appends, self._events, self._commits, self._largest, self._refused)
 
-    async def append(self, events: list[NewEvent]) -> list[Event]:
-        """Queue ``events`` and wait until they are committed; their events, numbered.
+    async def append(self, events: list[NewEvent], turns: TurnRows | None = None) -> list[Event]:
+        """Queue ``events`` (with what makes their turn rows) and wait until they are
+        committed; their events, numbered.
 
         The events join the queue before the first ``await``: a caller cancelled after
         calling this does not take them back (they commit, and ``state`` follows)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[Event]] = loop.create_future()
         future.add_done_callback(_retrieve)
-        self._queue.append(Pending(events, future))
+        self._queue.append(Pending(events, future, turns))
         if self._drainer is None:
             self._drainer = loop.create_task(self._drain())
         return await asyncio.shield(future)

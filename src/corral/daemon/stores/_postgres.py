@@ -24,7 +24,7 @@ from corral.daemon._state import PROJECTIONS_VERSION, ReplayError, State, Tx, re
 from corral.daemon.stores._base import MergeHook, Watchers, refuse_unstorable
 from corral.daemon.stores._group import CommitStats, GroupCommitter, Pending, Plan, plan
 from corral.daemon.stores._sqlite import _dump
-from corral.daemon.stores._turns import PostgresTurns, postgres_ddl
+from corral.daemon.stores._turns import PostgresTurns, TurnRow, TurnRows, postgres_ddl
 from corral.kernel import SYSTEM_CLOCK, Clock, InvalidArgumentError, UsageError
 from corral.kernel import _validate as v
 
@@ -315,14 +315,16 @@ class PostgresStore(PostgresTurns):
         await self._write(conn, [], tx)
         await conn.execute(self._sql.set_version, (str(PROJECTIONS_VERSION),))
 
-    async def append(self, events: Sequence[NewEvent]) -> list[Event]:
+    async def append(
+        self, events: Sequence[NewEvent], *, turns: TurnRows | None = None
+    ) -> list[Event]:
         if not events:
             return []
         refuse_unstorable(events)
         self._require()
         # Queued at once; the commit runs in the committer's task, which the caller's
         # cancellation does not reach: ``state`` must not fall behind the log.
-        return await self._group.append(list(events))
+        return await self._group.append(list(events), turns)
 
     async def _commit_group(self, group: list[Pending]) -> Plan:
         """Commit ``group`` in one transaction (see ``stores._group``).
@@ -357,7 +359,7 @@ class PostgresStore(PostgresTurns):
                         # Sent in one go, not a round trip per statement: every writer of
                         # every daemon waits for the counter's row while this runs.
                         async with conn.pipeline():
-                            await self._write(conn, done.written, done.tx)
+                            await self._write(conn, done.written, done.tx, done.turn_rows)
                             if self._fence is not None:
                                 await self._fence.written(conn, done.written)
                     # Committed (or rolled back with nothing planned): no await before the merge.
@@ -401,7 +403,11 @@ class PostgresStore(PostgresTurns):
         self._watchers.merged(events, False)
 
     async def _write(
-        self, conn: psycopg.AsyncConnection[TupleRow], events: list[Event], tx: Tx
+        self,
+        conn: psycopg.AsyncConnection[TupleRow],
+        events: list[Event],
+        tx: Tx,
+        turn_rows: Sequence[TurnRow] = (),
     ) -> None:
         async with conn.cursor() as cur:
             if events:
@@ -435,6 +441,7 @@ class PostgresStore(PostgresTurns):
                 await cur.executemany(self._sql.insert_message, inserts)
             for agent_id, notices in tx.deleted.items():
                 await self.delete_agent_data(cur, agent_id, notices)
+            await self.write_turns(cur, turn_rows)
 
     async def delete_agent_data(
         self, cur: psycopg.AsyncCursor[TupleRow], agent_id: str, notices: Sequence[int]

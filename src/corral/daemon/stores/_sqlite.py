@@ -17,7 +17,7 @@ from corral.daemon._state import PROJECTIONS_VERSION, State, Tx, replay
 from corral.daemon.stores._base import MergeHook, Watchers, refuse_unstorable
 from corral.daemon.stores._group import CommitStats, GroupCommitter, Pending, Plan, plan
 from corral.daemon.stores._turns import SQLITE_SCHEMA as _TURNS_SCHEMA
-from corral.daemon.stores._turns import SQLiteTurns
+from corral.daemon.stores._turns import SQLiteTurns, TurnRow, TurnRows
 from corral.kernel import SYSTEM_CLOCK, Clock, UsageError
 
 T = TypeVar("T")
@@ -204,14 +204,16 @@ class SQLiteStore(SQLiteTurns):
                 [(agent_id, m["n"], _dump(m)) for m in rows.insert],
             )
 
-    async def append(self, events: Sequence[NewEvent]) -> list[Event]:
+    async def append(
+        self, events: Sequence[NewEvent], *, turns: TurnRows | None = None
+    ) -> list[Event]:
         if not events:
             return []
         refuse_unstorable(events)
         self._require()
         # Queued at once; the commit runs in the committer's task, which the caller's
         # cancellation does not reach: ``state`` must follow what was committed.
-        return await self._group.append(list(events))
+        return await self._group.append(list(events), turns)
 
     async def _commit_group(self, group: list[Pending]) -> Plan:
         """Commit ``group`` in one transaction (see ``stores._group``)."""
@@ -219,7 +221,7 @@ class SQLiteStore(SQLiteTurns):
         if not done.written:
             return done  # every member refused: nothing to write
         try:
-            await self._run(self._write, done.written, done.tx)
+            await self._run(self._write, done.written, done.tx, done.turn_rows)
         except sqlite3.OperationalError as exc:
             raise StoreUnavailableError(
                 f"sqlite:{self.path}", f"{type(exc).__name__}: {exc}"
@@ -228,7 +230,7 @@ class SQLiteStore(SQLiteTurns):
         self._watchers.merged(done.written, True)
         return done
 
-    def _write(self, events: list[Event], tx: Tx) -> None:
+    def _write(self, events: list[Event], tx: Tx, turn_rows: Sequence[TurnRow] = ()) -> None:
         conn = self._require()
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -248,6 +250,7 @@ class SQLiteStore(SQLiteTurns):
             self._write_sessions(conn, self._state.sessions, tx.sessions)
             for agent_id, notices in tx.deleted.items():
                 self.delete_agent_data(conn, agent_id, notices)
+            self.write_turns(conn, turn_rows)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:  # SQLite may have rolled back by itself already

@@ -6,8 +6,10 @@ log (``agent_id``, ``n``, ``logs``: a JSON object ``{"output", "logs"}``, ``logs
 ``{"stream", "text"}`` entries, both capped by the daemon): a list of turns reads only the
 small rows. They
 are not projections of the event log: the log says what happened, these keep what agents
-printed, which the log never held. They are written after the events they follow, survive a
-restart and are deleted with the agent (:meth:`TurnStore.delete_turns`).
+printed, which the log never held. They are written in the transaction of the events that
+make them (the ``turns`` of ``Store.append``: :data:`TurnRows`), so a record commits with its
+events or not at all; they survive a restart and are deleted with the agent
+(:meth:`TurnStore.delete_turns`, and ``agent.deleted``).
 
 The mixins give :class:`~.SQLiteStore` and :class:`~.PostgresStore` these methods;
 :class:`MemoryTurns` is the same for a store without tables (a test's store), in memory.
@@ -17,13 +19,23 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from psycopg import sql
 
+    from corral.daemon._events import Event
+
 Json = dict[str, Any]
+
+TurnRow = tuple[Json, Json]
+"""One turn's row: its record (``agentId``, ``turn``, ...) and its ``{"output", "logs"}``."""
+
+TurnRows = Callable[[Sequence["Event"]], list[TurnRow]]
+"""What ``Store.append(events, turns=...)`` calls with the append's events once numbered: the
+turn rows to write in the same transaction (replacing a stored row of the same agent and
+turn), after the events' projection rows. Pure: a store may call it more than once."""
 
 SQLITE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS turns (
@@ -112,22 +124,29 @@ class SQLiteTurns:
 
     def _save_turn(self, record: Json, detail: Json) -> None:
         conn = self._require()
-        key = (str(record["agentId"]), int(record["turn"]))
         conn.execute("BEGIN IMMEDIATE")
         try:
-            conn.execute(
-                "INSERT OR REPLACE INTO turns (agent_id, n, data) VALUES (?, ?, ?)",
-                (*key, _dump(record)),
-            )
-            conn.execute(
-                "INSERT OR REPLACE INTO turn_logs (agent_id, n, logs) VALUES (?, ?, ?)",
-                (*key, _dump(detail)),
-            )
+            self.write_turns(conn, [(record, detail)])
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+
+    @staticmethod
+    def write_turns(conn: sqlite3.Connection, rows: Sequence[TurnRow]) -> None:
+        """Write turn ``rows`` in the caller's transaction (replacing what was there)."""
+        if not rows:
+            return
+        keys = [(str(record["agentId"]), int(record["turn"])) for record, _ in rows]
+        conn.executemany(
+            "INSERT OR REPLACE INTO turns (agent_id, n, data) VALUES (?, ?, ?)",
+            [(*key, _dump(record)) for key, (record, _) in zip(keys, rows, strict=True)],
+        )
+        conn.executemany(
+            "INSERT OR REPLACE INTO turn_logs (agent_id, n, logs) VALUES (?, ?, ?)",
+            [(*key, _dump(detail)) for key, (_, detail) in zip(keys, rows, strict=True)],
+        )
 
     async def list_turns(
         self, agent_id: str, *, before: int | None = None, limit: int = 50
@@ -228,30 +247,41 @@ class PostgresTurns:
             raise self._unavailable(exc) from exc
 
     async def save_turn(self, record: Mapping[str, Any], detail: Mapping[str, Any]) -> None:
+        async def work(conn: Any) -> None:
+            async with conn.transaction(), conn.cursor() as cur:
+                await self.write_turns(cur, [(dict(record), dict(detail))])
+
+        await self._pg(work)
+
+    async def write_turns(self, cur: Any, rows: Sequence[TurnRow]) -> None:
+        """Write turn ``rows`` with ``cur``, in its transaction (replacing what was there)."""
+        if not rows:
+            return
         from psycopg import sql
         from psycopg.types.json import Json as PgJson
 
         turns, logs_table = self._tables()
-        key = (str(record["agentId"]), int(record["turn"]))
-
-        async def work(conn: Any) -> None:
-            async with conn.transaction():
-                await conn.execute(
-                    sql.SQL(
-                        "INSERT INTO {} (agent_id, n, data) VALUES (%s, %s, %s) "
-                        "ON CONFLICT (agent_id, n) DO UPDATE SET data = EXCLUDED.data"
-                    ).format(turns),
-                    (*key, PgJson(dict(record), dumps=_dump)),
-                )
-                await conn.execute(
-                    sql.SQL(
-                        "INSERT INTO {} (agent_id, n, logs) VALUES (%s, %s, %s) "
-                        "ON CONFLICT (agent_id, n) DO UPDATE SET logs = EXCLUDED.logs"
-                    ).format(logs_table),
-                    (*key, PgJson(dict(detail), dumps=_dump)),
-                )
-
-        await self._pg(work)
+        keys = [(str(record["agentId"]), int(record["turn"])) for record, _ in rows]
+        await cur.executemany(
+            sql.SQL(
+                "INSERT INTO {} (agent_id, n, data) VALUES (%s, %s, %s) "
+                "ON CONFLICT (agent_id, n) DO UPDATE SET data = EXCLUDED.data"
+            ).format(turns),
+            [
+                (*key, PgJson(record, dumps=_dump))
+                for key, (record, _) in zip(keys, rows, strict=True)
+            ],
+        )
+        await cur.executemany(
+            sql.SQL(
+                "INSERT INTO {} (agent_id, n, logs) VALUES (%s, %s, %s) "
+                "ON CONFLICT (agent_id, n) DO UPDATE SET logs = EXCLUDED.logs"
+            ).format(logs_table),
+            [
+                (*key, PgJson(detail, dumps=_dump))
+                for key, (_, detail) in zip(keys, rows, strict=True)
+            ],
+        )
 
     async def list_turns(
         self, agent_id: str, *, before: int | None = None, limit: int = 50
@@ -320,6 +350,8 @@ __all__ = [
     "MemoryTurns",
     "PostgresTurns",
     "SQLiteTurns",
+    "TurnRow",
+    "TurnRows",
     "TurnStore",
     "postgres_ddl",
     "turns_of",
