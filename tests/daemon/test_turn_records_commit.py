@@ -137,7 +137,8 @@ async def test_in_a_group_each_member_gets_its_own_turn_rows_or_none(store: AnyS
 
     assert isinstance(results[1], ReplayError)
     assert "turn row refused" in str(results[2])
-    assert isinstance(results[0], list) and isinstance(results[3], list)
+    assert isinstance(results[0], list)
+    assert isinstance(results[3], list)
     assert [e.seq for e in results[0] + results[3]] == [3, 4]
     assert (await store.get_turn(PARENT, 1) or ({}, {}))[1]["output"] == "one"
     assert (await store.get_turn(PARENT, 4) or ({}, {}))[1]["output"] == "four"
