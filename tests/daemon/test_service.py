@@ -670,10 +670,10 @@ async def lock_held(env: Env) -> AsyncIterator[None]:
     writing = asyncio.Event()
     append = env.store.append
 
-    async def waiting_append(events: Sequence[NewEvent]) -> list[Event]:
+    async def waiting_append(events: Sequence[NewEvent], **options: Any) -> list[Event]:
         writing.set()
         await gate.wait()
-        return await append(events)
+        return await append(events, **options)
 
     env.store.append = waiting_append  # type: ignore[method-assign]
     holder = asyncio.create_task(
