@@ -9,7 +9,6 @@ rebuilds the projections exactly. On SQLite and on PostgreSQL.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -25,8 +24,8 @@ from typing import Any
 import httpx
 import pytest
 
-from corral.daemon import open_store
 from tests.support.front_door import bearer, serve_env
+from tests.support.replay import assert_projections_equal_replay
 
 # First attempt: hang (the daemon is killed meanwhile); second attempt: succeed.
 HANG_ONCE = (
@@ -219,15 +218,7 @@ def run_scenario(store: str, tmp_path: Path) -> None:
         assert [e["seq"] for e in resumed] == [last_seq + 1, last_seq + 2, last_seq + 3]
         assert resumed[0]["type"] == "agent.turn_interrupted"
 
-    async def replay_matches() -> None:
-        opened = open_store(store)
-        await opened.open()
-        try:
-            assert (await opened.replay()).snapshot() == opened.state.snapshot()
-        finally:
-            await opened.close()
-
-    asyncio.run(replay_matches())
+    assert_projections_equal_replay(store)
 
 
 def test_kill_9_mid_turn_on_sqlite(tmp_path: Path) -> None:

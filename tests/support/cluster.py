@@ -14,7 +14,6 @@ same ``--token`` and ``--lease-s``; a restart keeps its name, home and port.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -32,7 +31,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from corral.daemon import open_store
+from tests.support.replay import assert_projections_equal_replay
 from tests.support.serve_process import WAIT_BOUND_S, ServeProcess, wait_for
 
 TOKEN = "cluster-test-token-0123456789abcdef"
@@ -408,15 +407,7 @@ def check_invariants(cluster: Cluster, *, within_s: float = 30.0) -> None:
     }
     assert not bad, f"turns not started and ended once: {bad}"
 
-    async def replay_matches() -> None:
-        opened = open_store(cluster.dsn)
-        await opened.open()
-        try:
-            assert (await opened.replay()).snapshot() == opened.state.snapshot()
-        finally:
-            await opened.close()
-
-    asyncio.run(replay_matches())
+    assert_projections_equal_replay(cluster.dsn)
 
 
 def check_stream(seen: Sequence[dict[str, Any]], log: Sequence[tuple[int, str, Any, Any]]) -> None:
