@@ -388,7 +388,8 @@ ROUTES = [
         events,
         "The event log: SSE (resumable), or a page of JSON with format=json",
         responses={
-            **errors(400, 401, 403, 404),
+            # 422: a ?type= or ?run= filter refused (invalid_query), as the lists answer.
+            **errors(400, 401, 403, 404, 422),
             200: {
                 "description": "SSE: `id` is the event's seq, `event` its type, `data` the "
                 "event as JSON; heartbeat comments keep the stream open",
