@@ -204,6 +204,7 @@ async def agent(request: Request, view: View) -> Response:
             "events": shown,
             "live": record["state"] in LIVE_STATES,
             "ended": record["state"] in ENDED_STATES,
+            "node": await api.service.node_of(agent_id),
             "csrf": view.session.csrf,
         },
         {"agent": "_agent_live.html"},

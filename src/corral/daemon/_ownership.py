@@ -22,6 +22,10 @@ class Ownership(Protocol):
         created counts as its own)."""
         ...
 
+    async def node_of(self, agent_id: str) -> str | None:
+        """The name of the daemon that owns ``agent_id`` (None: none does yet)."""
+        ...
+
 
 class Relay(Protocol):
     """Where commands about an agent another daemon owns go (``_cluster._relay``)."""

@@ -2031,6 +2031,13 @@ class AgentService:
 
     # --- helpers ----------------------------------------------------------------------------
 
+    async def node_of(self, agent_id: str) -> str | None:
+        """Several daemons: the name of the daemon that owns ``agent_id`` (None when it is
+        alone on its store, or none owns the agent yet)."""
+        if self._ownership is None:
+            return None
+        return await self._ownership.node_of(agent_id)
+
     def _owns(self, agent_id: str) -> bool:
         return self._ownership is None or self._ownership.owns(agent_id)
 

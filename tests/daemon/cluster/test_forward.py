@@ -192,3 +192,40 @@ async def test_the_command_line_lists_the_nodes_and_spawns_on_one(
     listed = json.loads(await corral("nodes", "--json"))
     assert listed["node"] == "a"
     assert {n["name"]: n["agents"] for n in listed["nodes"]}["b"] == [made["id"]]
+
+
+async def test_the_console_of_one_daemon_shows_and_acts_on_anothers_agent(pair: Pair) -> None:
+    import re
+
+    from corral.console import Console
+    from corral.daemon._cluster._relay import NodeRelay
+
+    w = await pair.b.spawn(name="w")
+    await pair.a.store.refresh()
+    relay = NodeRelay(pair.a.node, TOKEN)  # as corral serve --node sets it
+    pair.a.service.use_relay(relay)
+    console = Console(create_app(pair.a.service, token=TOKEN, node=pair.a.node))
+    transport = httpx.ASGITransport(app=console)
+    async with httpx.AsyncClient(
+        transport=transport,
+        base_url="http://127.0.0.1:4600",
+        headers={"origin": "http://127.0.0.1:4600"},
+    ) as browser:
+        login = await browser.post("/console/login", data={"token": TOKEN, "next": "/"})
+        assert login.status_code == 303, login.text
+        page = await browser.get(f"/console/agents/{w}")
+        assert page.status_code == 200, page.text
+        assert re.search(r'data-testid="agent-node">b<', page.text)
+        csrf = re.search(r'name="corral-csrf" content="([^"]+)"', page.text)
+        assert csrf is not None
+        # A person's prompt on a's console is run by b, the agent's owner.
+        done = await browser.post(
+            f"/console/agents/{w}/prompt",
+            data={"text": "from the console", "why": "", "corral-csrf": csrf.group(1)},
+            headers={"x-corral-csrf": csrf.group(1)},
+        )
+        assert done.status_code == 303, done.text
+    await relay.aclose()
+    await pair.b.service.settled(w)
+    assert pair.b.harness.prompts(w) == ["from the console"]
+    assert pair.a.harness.requests == []

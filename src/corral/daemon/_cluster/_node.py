@@ -498,6 +498,12 @@ class Node:
         node, url, live, left = row
         return Owner(str(node), str(url or ""), bool(live), float(left))
 
+    async def node_of(self, agent_id: str) -> str | None:
+        if agent_id in self._held:
+            return self.name
+        owner = await self.owner_of(agent_id)
+        return None if owner is None else owner.node
+
     async def placement(self, asked: str | None = None) -> Owner:
         """The node a new top-level agent goes to: ``asked`` (it must be live: else
         :class:`NodeNotFoundError`), or the live node with the fewest live agents."""
