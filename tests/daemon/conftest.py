@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import pytest
 
 from corral.daemon import AgentService, Harness, HttpApi, SQLiteStore, Store
+from corral.runtime import FakeClock
 from tests.support.front_door import (
     DAEMON_TOKEN,
     FrontDoor,
@@ -18,6 +19,7 @@ from tests.support.front_door import (
     running_daemon,
 )
 from tests.support.harness import ScriptedHarness
+from tests.support.store_backends import Backend, postgres_backend, sqlite_backend
 
 
 class OpenSQLite(Protocol):
@@ -119,3 +121,22 @@ async def http_api(daemon: FrontDoor) -> AsyncIterator[HttpApi]:
     """An :class:`HttpApi` of :func:`daemon`."""
     async with HttpApi(daemon.url) as api:
         yield api
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("sqlite", id="sqlite"),
+        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+    ]
+)
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    """Each store in turn (tests/support/store_backends.py); what the test opened is closed
+    after it."""
+    clock = FakeClock()
+    if request.param == "sqlite":
+        chosen = sqlite_backend(tmp_path / "corral.db", clock)
+    else:
+        chosen = postgres_backend(request.getfixturevalue("postgres_dsn"), clock)
+    yield chosen
+    for store in chosen.opened:
+        await store.close()

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import sqlite3
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from corral.daemon import (
     Event,
@@ -29,6 +26,7 @@ from corral.daemon.stores import PostgresStore
 from corral.daemon.stores._turns import TurnStore
 from corral.kernel import InvalidArgumentError, UsageError
 from corral.runtime import FakeClock
+from tests.support.store_backends import Backend
 
 # --- realistic events (the shapes AgentService writes) ------------------------------------
 
@@ -154,70 +152,6 @@ async def mixed_history(store: Store, clock: FakeClock) -> list[Event]:
 
 
 # --- the two backends -----------------------------------------------------------------------
-
-
-@dataclass
-class Backend:
-    kind: str
-    clock: FakeClock
-    factory: Callable[[], Store]
-    # Makes the database itself refuse to store the command with this key (a trigger).
-    inject_failure: Callable[[str], None]
-    db_error: type[Exception]
-    opened: list[Store] = field(default_factory=list)
-
-    async def open(self) -> Store:
-        store = self.factory()
-        self.opened.append(store)
-        await store.open()
-        return store
-
-
-def _sqlite_backend(path: Path, clock: FakeClock) -> Backend:
-    def inject(key: str) -> None:
-        with sqlite3.connect(path) as conn:
-            conn.execute(
-                f"CREATE TRIGGER fail_{key} BEFORE INSERT ON commands WHEN NEW.key = '{key}' "
-                "BEGIN SELECT RAISE(ABORT, 'injected failure'); END"
-            )
-        conn.close()
-
-    return Backend("sqlite", clock, lambda: SQLiteStore(path, clock=clock), inject, sqlite3.Error)
-
-
-def _postgres_backend(dsn: str, clock: FakeClock) -> Backend:
-    def inject(key: str) -> None:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(
-                "CREATE OR REPLACE FUNCTION fail_insert() RETURNS trigger LANGUAGE plpgsql "
-                "AS $$ BEGIN RAISE EXCEPTION 'injected failure'; END $$"
-            )
-            conn.execute(
-                sql.SQL(
-                    "CREATE TRIGGER {} BEFORE INSERT OR UPDATE ON commands FOR EACH ROW "
-                    "WHEN (NEW.key = {}) EXECUTE FUNCTION fail_insert()"
-                ).format(sql.Identifier(f"fail_{key}"), sql.Literal(key))
-            )
-
-    factory = lambda: PostgresStore(dsn, clock=clock)  # noqa: E731
-    return Backend("postgres", clock, factory, inject, psycopg.Error)
-
-
-@pytest.fixture(
-    params=[
-        pytest.param("sqlite", id="sqlite"),
-        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
-    ]
-)
-async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
-    clock = FakeClock()
-    if request.param == "sqlite":
-        chosen = _sqlite_backend(tmp_path / "corral.db", clock)
-    else:
-        chosen = _postgres_backend(request.getfixturevalue("postgres_dsn"), clock)
-    yield chosen
-    for store in chosen.opened:
-        await store.close()
 
 
 @pytest.fixture

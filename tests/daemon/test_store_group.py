@@ -14,7 +14,7 @@ import asyncio
 import os
 import sqlite3
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,34 +36,15 @@ from corral.daemon.stores import CommitStats, PostgresStore
 from corral.runtime import FakeClock
 from tests.daemon.test_store import (
     PARENT,
-    Backend,
-    _postgres_backend,
-    _sqlite_backend,
     changed,
     command,
     created,
     notice,
     seqs,
 )
+from tests.support.store_backends import Backend
 
 GroupStore = SQLiteStore | PostgresStore
-
-
-@pytest.fixture(
-    params=[
-        pytest.param("sqlite", id="sqlite"),
-        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
-    ]
-)
-async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
-    clock = FakeClock()
-    if request.param == "sqlite":
-        chosen = _sqlite_backend(tmp_path / "corral.db", clock)
-    else:
-        chosen = _postgres_backend(request.getfixturevalue("postgres_dsn"), clock)
-    yield chosen
-    for opened in chosen.opened:
-        await opened.close()
 
 
 @pytest.fixture

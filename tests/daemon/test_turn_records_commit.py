@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -19,31 +18,19 @@ from corral.daemon import _events as ev
 from corral.daemon._state import ReplayError
 from corral.daemon.stores import PostgresStore
 from corral.daemon.stores._turns import TurnRow, TurnRows
-from corral.runtime import FakeClock
 from tests.daemon.conftest import MakeService
-from tests.daemon.test_store import PARENT, _postgres_backend, _sqlite_backend, created, notice
+from tests.daemon.test_store import PARENT, created, notice
 from tests.support.harness import ScriptedHarness
+from tests.support.store_backends import Backend
 
 AnyStore = SQLiteStore | PostgresStore
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("sqlite", id="sqlite"),
-        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
-    ]
-)
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[AnyStore]:
-    clock = FakeClock()
-    if request.param == "sqlite":
-        backend = _sqlite_backend(tmp_path / "corral.db", clock)
-    else:
-        backend = _postgres_backend(request.getfixturevalue("postgres_dsn"), clock)
+@pytest.fixture
+async def store(backend: Backend) -> AnyStore:
     opened = await backend.open()
     assert isinstance(opened, SQLiteStore | PostgresStore)
-    yield opened
-    for one in backend.opened:
-        await one.close()
+    return opened
 
 
 def rows_for(turn: int, output: str, seen: list[list[Event]] | None = None) -> TurnRows:
