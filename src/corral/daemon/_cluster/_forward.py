@@ -81,7 +81,7 @@ class Forwarding:
             await self.app(scope, receive, send)
             return
         path: str = scope["path"]
-        body: bytes | None = None
+        agent: str | None = None  # a new agent's has no id yet
         if path == "/agents" and scope["method"] == "POST":
             body = await _read(receive)
             owner = await self._placement(scope, body)
@@ -96,7 +96,7 @@ class Forwarding:
                 return
             owner = found
             body = await _read(receive)
-        await self._send_on(scope, receive, send, headers, body, owner)
+        await self._send_on(scope, receive, send, headers, body, owner, agent)
 
     async def _send_on(
         self,
@@ -106,8 +106,9 @@ class Forwarding:
         headers: Headers,
         body: bytes,
         owner: Owner,
+        agent: str | None,
     ) -> None:
-        agent = self._agent_of(scope, scope["path"]) or "(new)"
+        shown = agent or "(new)"
         for _ in range(2):  # the owner may change once while its lease runs out
             if owner.node == self.node.name:
                 await self.app(scope, _replay(body, receive), send)
@@ -117,20 +118,20 @@ class Forwarding:
             try:
                 answer = await self._forward(scope, headers, body, owner)
             except httpx.ConnectError:
-                found = await self.node.owner_of(agent) if agent != "(new)" else None
+                found = None if agent is None else await self.node.owner_of(agent)
                 if found is None or found == owner:
                     break
                 owner = found
                 continue
             except httpx.HTTPError as exc:
                 # Sent, but the answer was lost: the command may have been applied.
-                error = OwnerUnreachableError(agent, owner.node, str(exc) or "no answer", 1.0)
+                error = OwnerUnreachableError(shown, owner.node, str(exc) or "no answer", 1.0)
                 await error_response(error)(scope, _replay(b""), send)
                 return
             await self._answer(send, answer)
             return
-        retry = max(0.0, owner.lease_left_s) + self.node.lease_s / 4
-        error = OwnerUnreachableError(agent, owner.node, "not live", round(retry, 1))
+        retry = self.node.adoption_within_s(owner)
+        error = OwnerUnreachableError(shown, owner.node, "not live", retry)
         extra = {"Retry-After": str(max(1, round(retry)))}
         await error_response(error, extra)(scope, _replay(b""), send)
 

@@ -498,6 +498,11 @@ class Node:
         node, url, live, left = row
         return Owner(str(node), str(url or ""), bool(live), float(left))
 
+    def adoption_within_s(self, owner: Owner) -> float:
+        """Seconds (to 0.1) within which a node that is not live has its agents adopted:
+        what is left of its lease, and a round of the adopters after it."""
+        return round(max(0.0, owner.lease_left_s) + self.lease_s / 4, 1)
+
     async def node_of(self, agent_id: str) -> str | None:
         if agent_id in self._held:
             return self.name

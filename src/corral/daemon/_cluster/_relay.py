@@ -41,8 +41,8 @@ class NodeRelay:
         if owner is None or owner.node == self._node.name:
             return None
         if not owner.live:
-            retry = max(0.0, owner.lease_left_s) + self._node.lease_s / 4
-            raise OwnerUnreachableError(agent_id, owner.node, "not live", round(retry, 1))
+            retry = self._node.adoption_within_s(owner)
+            raise OwnerUnreachableError(agent_id, owner.node, "not live", retry)
         if principal is not None:
             token, acting_as = agent_token(self._token, principal), ""
         else:
