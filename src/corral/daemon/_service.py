@@ -318,17 +318,7 @@ class AgentService:
                 if found.get("agentId") in gone and decision_id in self._deadlines:
                     self._deadlines.pop(decision_id).cancel()
             for agent_id in gone:
-                rec = self.store.state.agents.get(agent_id)
-                harness = (
-                    None if rec is None else self.harnesses.get(rec["spec"].get("harness", ""))
-                )
-                if harness is None:
-                    continue
-                try:
-                    if await harness.reap(agent_id, self._state_dir(agent_id)):
-                        logger.info("agent %s: ended its process (no longer owned)", agent_id)
-                except Exception:
-                    logger.exception("agent %s: could not end a leftover process", agent_id)
+                await self._reap(agent_id, "its process (no longer owned)")
 
     async def _take_up(self, agent_ids: Sequence[str]) -> None:
         """Settle what a previous owner left of ``agent_ids`` (see :meth:`start`). Call with
@@ -340,11 +330,11 @@ class AgentService:
         ]
         # Which turns to adopt is decided first, from the state the last daemon left:
         # applying a passed deadline below moves a waiting agent back to running.
+        agents = self.store.state.agents
         adopt = {
             rec["id"]
-            for rec in self.store.state.agents.values()
-            if rec["id"] in mine
-            and rec["turnInFlight"] is not None
+            for rec in (agents[a] for a in mine if a in agents)
+            if rec["turnInFlight"] is not None
             # An external agent's process goes on with its turn whatever the daemon does:
             # its report is waited for again, whatever the agent's state.
             and (rec["state"] == "waiting" or _external.is_external(self._spec(rec["id"])))
@@ -382,12 +372,7 @@ class AgentService:
                 logger.info("agent %s: turn %d never started; running it", agent_id, turn)
                 self._launch(agent_id, turn, _notices.resend_text(self.store.state, rec))
                 continue
-            if harness is not None:
-                try:
-                    if await harness.reap(rec["id"], self._state_dir(rec["id"])):
-                        logger.info("agent %s: ended a leftover turn process", rec["id"])
-                except Exception:
-                    logger.exception("agent %s: could not end a leftover process", rec["id"])
+            await self._reap(agent_id, "a leftover turn process")
             await self._interrupted(rec, turn)
         await self._resume(freed)
         await self._reap_stopped(mine)
@@ -398,17 +383,22 @@ class AgentService:
     async def _reap_stopped(self, agent_ids: Collection[str]) -> None:
         """End what a stop left running when the last daemon died in its grace (the stop is
         committed: nothing is written). Call with the mutex held."""
-        for rec in list(self.store.state.agents.values()):
-            if rec["state"] != "stopped" or rec["id"] not in agent_ids:
-                continue
-            harness = self.harnesses.get(rec["spec"].get("harness", ""))
-            if harness is None:
-                continue
-            try:
-                if await harness.reap(rec["id"], self._state_dir(rec["id"])):
-                    logger.info("agent %s: ended what its stop left running", rec["id"])
-            except Exception:
-                logger.exception("agent %s: could not end a leftover process", rec["id"])
+        agents = self.store.state.agents
+        for agent_id in [a for a in agent_ids if a in agents and agents[a]["state"] == "stopped"]:
+            await self._reap(agent_id, "what its stop left running")
+
+    async def _reap(self, agent_id: str, what: str) -> None:
+        """End what the agent's harness left running of it on this machine (``what`` names
+        it in the log); never raises."""
+        rec = self.store.state.agents.get(agent_id)
+        harness = None if rec is None else self.harnesses.get(rec["spec"].get("harness", ""))
+        if harness is None:
+            return
+        try:
+            if await harness.reap(agent_id, self._state_dir(agent_id)):
+                logger.info("agent %s: ended %s", agent_id, what)
+        except Exception:
+            logger.exception("agent %s: could not end a leftover process", agent_id)
 
     def use_relay(self, relay: Relay) -> None:
         """Several daemons: commands that callers in this process (the console, MCP tools)
