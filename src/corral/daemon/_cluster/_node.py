@@ -130,7 +130,7 @@ class Node:
         self._store = store
         self._home = Path(home)
         self._hash = token_sha256(token)
-        self._sql = ClusterSql(store.schema)
+        self._sql = ClusterSql(store.schema, store.tables)
         self._incarnation = ""
         self._held: dict[str, int] = {}  # agent -> epoch of its lease held here
         self._created: dict[str, int] = {}  # leases written in the open transaction

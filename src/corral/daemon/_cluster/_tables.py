@@ -3,7 +3,11 @@ lease in ``expires``) and ``leases`` (which daemon owns each agent, at which epo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from psycopg import sql
+
+from corral.daemon.stores._postgres import qualified
 
 # Taken (transaction-scoped) by a daemon joining and by an adoption: one at a time.
 CLUSTER_LOCK_KEY = 0x636F7272616C6E  # "corraln"
@@ -17,15 +21,13 @@ _LIVE = "(n.expires > clock_timestamp() AND NOT n.stopped)"
 class ClusterSql:
     """Every statement of the cluster, with table names qualified by the store's schema."""
 
-    def __init__(self, schema: str | None) -> None:
-        def table(name: str) -> sql.Identifier:
-            return sql.Identifier(schema, name) if schema else sql.Identifier(name)
-
+    def __init__(self, schema: str | None, store_tables: Mapping[str, sql.Identifier]) -> None:
         names = {
-            "nodes": table("nodes"),
-            "leases": table("leases"),
-            "agents": table("agents"),
-            "counter": table("event_counter"),
+            "nodes": qualified(schema, "nodes"),
+            "leases": qualified(schema, "leases"),
+            # The store's own, as it names them.
+            "agents": store_tables["agents"],
+            "counter": store_tables["counter"],
         }
 
         def q(text: str) -> sql.Composed:

@@ -7,7 +7,7 @@ docs/architecture.md.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import psycopg
@@ -41,14 +41,19 @@ _PROJECTIONS = ("agents", "notices", "decisions", "commands", "tokens", "session
 _SCHEMA_LOCK_KEY = 0x636F7272616C  # "corral"
 
 
+def qualified(schema: str | None, name: str) -> sql.Identifier:
+    """Table ``name`` in ``schema`` (None: the first schema of the search path)."""
+    return sql.Identifier(schema, name) if schema else sql.Identifier(name)
+
+
 class _Statements:
     """Every statement, with the table names qualified by the store's schema."""
 
     def __init__(self, schema: str | None) -> None:
         def table(name: str) -> sql.Identifier:
-            return sql.Identifier(schema, name) if schema else sql.Identifier(name)
+            return qualified(schema, name)
 
-        names = {
+        self.names = names = {
             "events": table("events"),
             "agents": table("agents"),
             "notices": table("notices"),
@@ -224,6 +229,12 @@ class PostgresStore(PostgresTurns):
     @property
     def state(self) -> State:
         return self._state
+
+    @property
+    def tables(self) -> Mapping[str, sql.Identifier]:
+        """The store's tables by role (``agents``, ``counter``, ``events``, ...), qualified
+        by its schema: for what shares its database (``corral.daemon._cluster``)."""
+        return self._sql.names
 
     @property
     def dsn_shown(self) -> str:
