@@ -5,8 +5,9 @@ commits it (the reducer in ``_state`` computes the new state), and only then doe
 on it or hear of it. See "Seed 001" in docs/architecture.md.
 """
 
-# Past 500 lines on purpose: every command and a turn's outcome are decided under one lock,
-# and each is a short method here over the pure modules that decide; the lock is not split.
+# Past 500 lines on purpose: every command and a turn's outcome are decided under the
+# service's locks (_run_locks: commands exclusive, a turn's steps per run), and each is a short
+# method here over the pure modules that decide.
 
 from __future__ import annotations
 
@@ -84,6 +85,7 @@ from corral.daemon._feed import EventFeed, Observer
 from corral.daemon._ownership import Ownership, Relay
 from corral.daemon._policy import BUDGET_EXHAUSTED as BUDGET_HELD
 from corral.daemon._records import AgentRecord, DecisionRecord, TurnUsage
+from corral.daemon._run_locks import RunLocks
 from corral.daemon._spec import AgentSpec, parse_spec
 from corral.daemon._state import BUSY_STATES, ENDED_STATES, preview
 from corral.daemon._text import escape_json
@@ -237,7 +239,7 @@ class AgentService:
         self.harnesses.setdefault(_external.EXTERNAL, ExternalHarness(clock=clock))
         self.url = url
         self.clock = clock
-        self._mutex = asyncio.Lock()
+        self._locks = RunLocks()
         self._turns: dict[str, asyncio.Task[None]] = {}
         # Each agent's parsed spec: filled at spawn, and on first use for agents loaded from
         # the store, so a turn does not parse the record's JSON again; made again when a
@@ -288,7 +290,7 @@ class AgentService:
         With an ``ownership`` (several daemons), only the agents this daemon owns are
         settled here; the others are settled by :meth:`adopt` when their leases come here.
         """
-        async with self._mutex:
+        async with self._locks.exclusive():
             await self._take_up([a for a in self.store.state.agents if self._owns(a)])
 
     async def adopt(self, agent_ids: Collection[str]) -> None:
@@ -298,7 +300,7 @@ class AgentService:
         Reads the log first, so what the last owner committed is seen. Idempotent for an
         agent with nothing in flight."""
         await self.store.refresh()
-        async with self._mutex:
+        async with self._locks.exclusive():
             if self._closed:
                 return
             await self._take_up([a for a in agent_ids if a in self.store.state.agents])
@@ -309,7 +311,7 @@ class AgentService:
         processes ended, nothing is written (the new owner settles the turns), their
         approvals' deadlines and stall watches are dropped. Never raises for an agent."""
         gone = set(agent_ids)
-        async with self._mutex:
+        async with self._locks.exclusive():
             for agent_id in gone:
                 await self._cancel_turn(agent_id)
                 self._stalls.forget(agent_id)
@@ -560,7 +562,7 @@ class AgentService:
         # made is refused (the caller's reach was checked before: see ScopedService.spawn).
         check_custom(spec.guardrails)
         command = {"command": "spawn", "spec": spec.to_json()}
-        async with self._mutex:
+        async with self._locks.exclusive():
             replayed = _commands.replayed(self.store.state, idempotency_key, command)
             if replayed is not None:
                 return replayed
@@ -635,7 +637,7 @@ class AgentService:
         command = {"command": "prompt", "agent": agent_id, "text": text}
         if answering is not None:
             command = {"command": "answer", "decision": answering.decision, "text": text}
-        async with self._mutex:
+        async with self._locks.run(self._run_of(agent_id), key=idempotency_key):
             replayed = _commands.replayed(self.store.state, idempotency_key, command)
             if replayed is not None:
                 return replayed
@@ -704,7 +706,7 @@ class AgentService:
         (an idle agent is then held, as a prompt would leave it)."""
         v.non_empty_str("begin_turn", "prompt", prompt)
         command = {"command": "begin_turn", "agent": agent_id, "prompt": prompt}
-        async with self._mutex:
+        async with self._locks.exclusive():
             replayed = _commands.replayed(self.store.state, idempotency_key, command)
             if replayed is not None:
                 return replayed
@@ -776,7 +778,7 @@ class AgentService:
             command.update(now=now, keepChildren=keep_children)
         if answering is not None:
             command = {"command": "answer", "decision": answering.decision, "answer": "stop"}
-        async with self._mutex:
+        async with self._locks.exclusive():
             replayed = _commands.replayed(self.store.state, idempotency_key, command)
             if replayed is not None:
                 return replayed
@@ -866,7 +868,7 @@ class AgentService:
         command = {"command": "restart", "agent": agent_id}
         if _commands.replayed(self.store.state, idempotency_key, command) is None:
             await self._endings.finish(agent_id)
-        async with self._mutex:
+        async with self._locks.exclusive():
             replayed = _commands.replayed(self.store.state, idempotency_key, command)
             if replayed is not None:
                 return replayed
@@ -906,7 +908,7 @@ class AgentService:
             rec = self._record(agent_id)
             for one in _lifecycle.deletion_order(self.store.state, rec):
                 await self._endings.finish(one["id"])  # a stop's grace: killed now
-        async with self._mutex:
+        async with self._locks.exclusive():
             replayed = _commands.replayed(self.store.state, idempotency_key, command)
             if replayed is not None:
                 return replayed
@@ -956,7 +958,7 @@ class AgentService:
         and ``why`` and ``runStop`` (the run's id); 202 ``{"runId", "accepted", "stopped"}``
         (the ids stopped, in order). ``RunNotFoundError`` for a run no agent is in."""
         command = {"command": "stop_run", "run": run_id}
-        async with self._mutex:
+        async with self._locks.exclusive():
             replayed = _commands.replayed(self.store.state, idempotency_key, command)
             if replayed is not None:
                 return replayed
@@ -1000,7 +1002,7 @@ class AgentService:
         command = {"command": "budget", "agent": agent_id, "budget": dict(changes)}
         if answering is not None:
             command = {"command": "answer", "decision": answering.decision, "budget": command}
-        async with self._mutex:
+        async with self._locks.exclusive():
             replayed = _commands.replayed(self.store.state, idempotency_key, command)
             if replayed is not None:
                 return replayed
@@ -1075,7 +1077,7 @@ class AgentService:
                 note=note,
             )
         command = {"command": "patch", "agent": agent_id, "changes": dict(changes)}
-        async with self._mutex:
+        async with self._locks.exclusive():
             replayed = _commands.replayed(self.store.state, idempotency_key, command)
             if replayed is not None:
                 return replayed
@@ -1104,7 +1106,7 @@ class AgentService:
         the gateway's (its journal); this only tells watchers."""
         # The freeze's evidence holds the agent's SQL: escaped like any text an agent sends.
         freeze = escape_json(freeze)
-        async with self._mutex:
+        async with self._locks.exclusive():
             events = [ev.gateway_frozen(target, freeze)]
             rec = self.store.state.agents.get(freeze["agentId"])
             if rec is not None and rec["parent"] is not None:
@@ -1146,7 +1148,7 @@ class AgentService:
             "target": target,
             "freezeId": freeze_id,
         }
-        async with self._mutex:
+        async with self._locks.exclusive():
             resolved = ev.resolved(
                 decision, "reinstate", reinstatement["by"], reinstatement["reason"], note=note
             )
@@ -1326,7 +1328,7 @@ class AgentService:
                 note=note,
                 answering=answering,
             )
-        async with self._mutex:
+        async with self._locks.exclusive():
             replayed = _commands.replayed(self.store.state, idempotency_key, command)
             if replayed is not None:
                 return replayed
@@ -1360,7 +1362,7 @@ class AgentService:
     ) -> str:
         """The approval decision of ``ask`` in check ``check_id``: the one opened already,
         or a new one (committed, its deadline timed). A running agent goes ``waiting``."""
-        async with self._mutex:
+        async with self._locks.exclusive():
             self._refuse_if_closed("check")
             rec = self._live(agent_id)
             rule_json = rule_to_json(ask.rule)
@@ -1489,7 +1491,7 @@ class AgentService:
     async def _expire(self, decision_id: str, *, locked: bool = False) -> None:
         """Answer the approval as its ``onTimeout`` says, recorded as timed out."""
         if not locked:
-            async with self._mutex:
+            async with self._locks.exclusive():
                 await self._expire(decision_id, locked=True)
             return
         found = self.store.state.decisions.get(decision_id)
@@ -1540,7 +1542,7 @@ class AgentService:
         """Make the operator token ``name`` (made by ``by``): ``{name, token, createdAt,
         by}``, the only time its secret is shown; only its SHA-256 is written. Raises
         ``InvalidRequestError`` for a bad name, ``TokenExistsError`` for a live one."""
-        async with self._mutex:
+        async with self._locks.exclusive():
             self._refuse_if_closed("create_token")
             secret, created = _tokens.creation(self.store.state, name, by)
             await self._commit([created])
@@ -1550,7 +1552,7 @@ class AgentService:
     async def revoke_token(self, name: str, *, by: str | None = None) -> Json:
         """Revoke the live operator token ``name`` (from the next request on, it opens
         nothing); its record. Raises ``TokenNotFoundError`` when no live token has it."""
-        async with self._mutex:
+        async with self._locks.exclusive():
             self._refuse_if_closed("revoke_token")
             await self._commit([_tokens.revocation(self.store.state, name, by)])
             return _tokens.shown(self.store.state.tokens[name])
@@ -1574,7 +1576,7 @@ class AgentService:
         waiting (``agent.turn_granted``): a daemon that starts then runs a turn that never
         started, rather than count it as cut short. Not written, it is only counted so."""
         try:
-            async with self._mutex:
+            async with self._locks.run(self._run_of(agent_id)):
                 rec = self.store.state.agents.get(agent_id)
                 if (
                     self._closed
@@ -1669,7 +1671,7 @@ class AgentService:
         delay_s, waited_s = _RESULT_RETRY_FIRST_S, 0.0
         while True:
             try:
-                async with self._mutex:
+                async with self._locks.run(self._run_of(agent_id)):
                     if self._turns.get(agent_id) is not asyncio.current_task() or self._closed:
                         return  # stopped or shutting down while the turn ran: dropped
                     rec = self.store.state.agents[agent_id]
@@ -1728,7 +1730,7 @@ class AgentService:
     async def _stalled(self, agent_id: str, turn: int, silence_s: float, first: bool) -> None:
         """Recover the agent's stalled turn as its policy says (see ``_stall``): the turn is
         cancelled (its process killed) before the events say so, as :meth:`stop` does."""
-        async with self._mutex:
+        async with self._locks.exclusive():
             rec = self.store.state.agents.get(agent_id)
             task = self._turns.get(agent_id)
             if (
@@ -1784,7 +1786,7 @@ class AgentService:
             "agent %s: its working directory %s was missing; recreated it, empty", agent_id, workdir
         )
         try:
-            async with self._mutex:
+            async with self._locks.run(self._run_of(agent_id)):
                 if self._turns.get(agent_id) is asyncio.current_task() and not self._closed:
                     await self._commit([ev.workdir_recreated(agent_id, turn, str(workdir))])
         except StoreUnavailableError as exc:
@@ -1976,7 +1978,7 @@ class AgentService:
 
     async def _wake(self, agent_id: str) -> None:
         """Wake ``agent_id`` if it is (still) an idle ``wake`` agent with pending notices."""
-        async with self._mutex:
+        async with self._locks.exclusive():
             # From here on a new notice queues another check: this one may miss it.
             self._waking.discard(agent_id)
             if self._closed:
@@ -2027,6 +2029,13 @@ class AgentService:
         if self._ownership is None:
             return None
         return await self._ownership.node_of(agent_id)
+
+    def _run_of(self, agent_id: str) -> str:
+        """The run whose lock a step about ``agent_id`` holds (see ``_run_locks``): its
+        record's ``runId``, which never changes; an unknown agent's own id (the step then
+        finds it missing and refuses)."""
+        rec = self.store.state.agents.get(agent_id)
+        return rec["runId"] if rec is not None else f"agent:{agent_id}"
 
     def _owns(self, agent_id: str) -> bool:
         return self._ownership is None or self._ownership.owns(agent_id)
