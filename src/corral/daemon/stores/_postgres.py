@@ -14,7 +14,6 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import TupleRow
-from psycopg.types.json import Json
 from psycopg_pool import AsyncConnectionPool
 
 from corral.daemon._errors import StoreUnavailableError
@@ -119,27 +118,33 @@ class _Statements:
         self.delete_agent = q("DELETE FROM {agents} WHERE id = %s")
         self.delete_notices = q("DELETE FROM {notices} WHERE id = ANY(%s)")
         self.drop_messages = q("DELETE FROM {sessions} WHERE agent_id = %s AND n < %s")
-        self.insert_message = q(
-            "INSERT INTO {sessions} (agent_id, n, data) VALUES (%s, %s, %s) "
-            "ON CONFLICT (agent_id, n) DO UPDATE SET data = EXCLUDED.data"
+        self.insert_messages = q(
+            "INSERT INTO {sessions} (agent_id, n, data) "
+            "SELECT a, n, d::json FROM unnest(%s::text[], %s::bigint[], %s::text[]) "
+            "AS u(a, n, d) ON CONFLICT (agent_id, n) DO UPDATE SET data = EXCLUDED.data"
         )
         self.load_counter = q("SELECT last_seq FROM {counter}")
         self.bump = q("UPDATE {counter} SET last_seq = last_seq + %s RETURNING last_seq")
         self.set_counter = q("UPDATE {counter} SET last_seq = %s")
-        self.insert_event = q(
-            "INSERT INTO {events} (seq, ts, type, agent_id, data) VALUES (%s, %s, %s, %s, %s)"
+        # A group's rows of one table go in one statement, as arrays (one parameter each,
+        # the JSON already text): a statement per row cost more than the rest of a turn.
+        self.insert_events = q(
+            "INSERT INTO {events} (seq, ts, type, agent_id, data) "
+            "SELECT s, t, y, a, d::json FROM unnest(%s::bigint[], %s::text[], %s::text[], "
+            "%s::text[], %s::text[]) AS u(s, t, y, a, d)"
         )
         self.upsert = {
             key: q(
-                f"INSERT INTO {{{key}}} ({col}, data) VALUES (%s, %s) "
+                f"INSERT INTO {{{key}}} ({col}, data) "
+                f"SELECT k, d::json FROM unnest(%s::{kind}[], %s::text[]) AS u(k, d) "
                 f"ON CONFLICT ({col}) DO UPDATE SET data = EXCLUDED.data"
             )
-            for key, col in (
-                ("agents", "id"),
-                ("notices", "id"),
-                ("decisions", "id"),
-                ("commands", "key"),
-                ("tokens", "name"),
+            for key, col, kind in (
+                ("agents", "id", "text"),
+                ("notices", "id", "bigint"),
+                ("decisions", "id", "text"),
+                ("commands", "key", "text"),
+                ("tokens", "name", "text"),
             )
         }
         cols = "SELECT seq, ts, type, agent_id, data FROM {events}"
@@ -422,9 +427,15 @@ class PostgresStore(PostgresTurns):
     ) -> None:
         async with conn.cursor() as cur:
             if events:
-                await cur.executemany(
-                    self._sql.insert_event,
-                    [(e.seq, e.ts, e.type, e.agent_id, Json(e.data, dumps=_dump)) for e in events],
+                await cur.execute(
+                    self._sql.insert_events,
+                    (
+                        [e.seq for e in events],
+                        [e.ts for e in events],
+                        [e.type for e in events],
+                        [e.agent_id for e in events],
+                        [_dump(e.data) for e in events],
+                    ),
                 )
             changes: dict[str, dict[Any, Any]] = {
                 "agents": tx.agents,
@@ -435,9 +446,8 @@ class PostgresStore(PostgresTurns):
             }
             for key, rows in changes.items():
                 if rows:
-                    await cur.executemany(
-                        self._sql.upsert[key],
-                        [(k, Json(rec, dumps=_dump)) for k, rec in rows.items()],
+                    await cur.execute(
+                        self._sql.upsert[key], (list(rows), [_dump(r) for r in rows.values()])
                     )
             # Sessions: one row per message, so only the new messages are written.
             inserts = []
@@ -447,9 +457,16 @@ class PostgresStore(PostgresTurns):
                     await cur.execute(self._sql.delete_session, (agent_id,))
                 elif change.drop_below is not None:
                     await cur.execute(self._sql.drop_messages, (agent_id, change.drop_below))
-                inserts += [(agent_id, m["n"], Json(m, dumps=_dump)) for m in change.insert]
+                inserts += [(agent_id, m["n"], _dump(m)) for m in change.insert]
             if inserts:
-                await cur.executemany(self._sql.insert_message, inserts)
+                await cur.execute(
+                    self._sql.insert_messages,
+                    (
+                        [a for a, _, _ in inserts],
+                        [n for _, n, _ in inserts],
+                        [d for *_, d in inserts],
+                    ),
+                )
             for agent_id, notices in tx.deleted.items():
                 await self.delete_agent_data(cur, agent_id, notices)
             await self.write_turns(cur, turn_rows)

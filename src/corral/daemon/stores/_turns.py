@@ -258,29 +258,30 @@ class PostgresTurns:
         if not rows:
             return
         from psycopg import sql
-        from psycopg.types.json import Json as PgJson
 
         turns, logs_table = self._tables()
-        keys = [(str(record["agentId"]), int(record["turn"])) for record, _ in rows]
-        await cur.executemany(
+        # One row per turn, the last one given winning (as one statement per row did): an
+        # INSERT ... ON CONFLICT may not touch a row twice.
+        last: dict[tuple[str, int], TurnRow] = {}
+        for record, detail in rows:
+            last[(str(record["agentId"]), int(record["turn"]))] = (record, detail)
+        agents = [agent_id for agent_id, _ in last]
+        numbers = [n for _, n in last]
+        await cur.execute(
             sql.SQL(
-                "INSERT INTO {} (agent_id, n, data) VALUES (%s, %s, %s) "
-                "ON CONFLICT (agent_id, n) DO UPDATE SET data = EXCLUDED.data"
+                "INSERT INTO {} (agent_id, n, data) "
+                "SELECT a, n, d::json FROM unnest(%s::text[], %s::bigint[], %s::text[]) "
+                "AS u(a, n, d) ON CONFLICT (agent_id, n) DO UPDATE SET data = EXCLUDED.data"
             ).format(turns),
-            [
-                (*key, PgJson(record, dumps=_dump))
-                for key, (record, _) in zip(keys, rows, strict=True)
-            ],
+            (agents, numbers, [_dump(record) for record, _ in last.values()]),
         )
-        await cur.executemany(
+        await cur.execute(
             sql.SQL(
-                "INSERT INTO {} (agent_id, n, logs) VALUES (%s, %s, %s) "
-                "ON CONFLICT (agent_id, n) DO UPDATE SET logs = EXCLUDED.logs"
+                "INSERT INTO {} (agent_id, n, logs) "
+                "SELECT a, n, d::json FROM unnest(%s::text[], %s::bigint[], %s::text[]) "
+                "AS u(a, n, d) ON CONFLICT (agent_id, n) DO UPDATE SET logs = EXCLUDED.logs"
             ).format(logs_table),
-            [
-                (*key, PgJson(detail, dumps=_dump))
-                for key, (_, detail) in zip(keys, rows, strict=True)
-            ],
+            (agents, numbers, [_dump(detail) for _, detail in last.values()]),
         )
 
     async def list_turns(
