@@ -32,49 +32,61 @@ class RunLocks:
     """One exclusive lock over per-run locks (see the module docstring). One event loop."""
 
     def __init__(self) -> None:
-        self._changed = asyncio.Condition()
         self._shared = 0  # run steps holding the gate
         self._exclusive = False
         self._waiting = 0  # exclusive holders waiting for the gate
+        self._changed: asyncio.Future[None] | None = None  # done at the gate's next change
         self._runs: dict[str, _Counted] = {}
         self._keys: dict[str, _Counted] = {}
 
     @contextlib.asynccontextmanager
     async def exclusive(self) -> AsyncIterator[None]:
         """Hold everything: no run step and no other exclusive holder meanwhile."""
-        async with self._changed:
-            self._waiting += 1
-            try:
-                await self._changed.wait_for(lambda: not self._exclusive and self._shared == 0)
-            finally:
-                self._waiting -= 1
-            self._exclusive = True
+        self._waiting += 1
+        try:
+            while self._exclusive or self._shared:
+                await self._change()
+        finally:
+            self._waiting -= 1
+            if not self._waiting:
+                self._wake()  # run steps held back by this one may go (it got in or left)
+        self._exclusive = True
         try:
             yield
         finally:
-            async with self._changed:
-                self._exclusive = False
-                self._changed.notify_all()
+            self._exclusive = False
+            self._wake()
 
     @contextlib.asynccontextmanager
     async def run(self, run_id: str, *, key: str | None = None) -> AsyncIterator[None]:
         """Hold run ``run_id`` (and idempotency key ``key``): excludes the exclusive holders,
         the other steps of the run and the other holders of the key."""
         async with _claimed(self._keys, key), _claimed(self._runs, run_id):
-            async with self._changed:
-                await self._changed.wait_for(lambda: not self._exclusive and self._waiting == 0)
-                self._shared += 1
+            # No await when nothing exclusive holds or waits: the common case costs nothing.
+            while self._exclusive or self._waiting:
+                await self._change()
+            self._shared += 1
             try:
                 yield
             finally:
-                async with self._changed:
-                    self._shared -= 1
-                    if self._shared == 0:
-                        self._changed.notify_all()
+                self._shared -= 1
+                if not self._shared:
+                    self._wake()
 
     def held(self) -> bool:
         """Whether anything is held (for checks and tests)."""
         return self._exclusive or self._shared > 0
+
+    def _change(self) -> asyncio.Future[None]:
+        if self._changed is None:
+            self._changed = asyncio.get_running_loop().create_future()
+        # Shielded: one waiter cancelled must not cancel the others' wait.
+        return asyncio.shield(self._changed)
+
+    def _wake(self) -> None:
+        changed, self._changed = self._changed, None
+        if changed is not None and not changed.done():
+            changed.set_result(None)
 
 
 class _Counted:

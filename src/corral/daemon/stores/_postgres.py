@@ -120,7 +120,7 @@ class _Statements:
         self.drop_messages = q("DELETE FROM {sessions} WHERE agent_id = %s AND n < %s")
         self.insert_messages = q(
             "INSERT INTO {sessions} (agent_id, n, data) "
-            "SELECT a, n, d::json FROM unnest(%s::text[], %s::bigint[], %s::text[]) "
+            "SELECT a, n, d::json FROM unnest(%b::text[], %b::bigint[], %b::text[]) "
             "AS u(a, n, d) ON CONFLICT (agent_id, n) DO UPDATE SET data = EXCLUDED.data"
         )
         self.load_counter = q("SELECT last_seq FROM {counter}")
@@ -130,13 +130,13 @@ class _Statements:
         # the JSON already text): a statement per row cost more than the rest of a turn.
         self.insert_events = q(
             "INSERT INTO {events} (seq, ts, type, agent_id, data) "
-            "SELECT s, t, y, a, d::json FROM unnest(%s::bigint[], %s::text[], %s::text[], "
-            "%s::text[], %s::text[]) AS u(s, t, y, a, d)"
+            "SELECT s, t, y, a, d::json FROM unnest(%b::bigint[], %b::text[], %b::text[], "
+            "%b::text[], %b::text[]) AS u(s, t, y, a, d)"
         )
         self.upsert = {
             key: q(
                 f"INSERT INTO {{{key}}} ({col}, data) "
-                f"SELECT k, d::json FROM unnest(%s::{kind}[], %s::text[]) AS u(k, d) "
+                f"SELECT k, d::json FROM unnest(%b::{kind}[], %b::text[]) AS u(k, d) "
                 f"ON CONFLICT ({col}) DO UPDATE SET data = EXCLUDED.data"
             )
             for key, col, kind in (

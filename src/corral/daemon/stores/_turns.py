@@ -270,7 +270,7 @@ class PostgresTurns:
         await cur.execute(
             sql.SQL(
                 "INSERT INTO {} (agent_id, n, data) "
-                "SELECT a, n, d::json FROM unnest(%s::text[], %s::bigint[], %s::text[]) "
+                "SELECT a, n, d::json FROM unnest(%b::text[], %b::bigint[], %b::text[]) "
                 "AS u(a, n, d) ON CONFLICT (agent_id, n) DO UPDATE SET data = EXCLUDED.data"
             ).format(turns),
             (agents, numbers, [_dump(record) for record, _ in last.values()]),
@@ -278,7 +278,7 @@ class PostgresTurns:
         await cur.execute(
             sql.SQL(
                 "INSERT INTO {} (agent_id, n, logs) "
-                "SELECT a, n, d::json FROM unnest(%s::text[], %s::bigint[], %s::text[]) "
+                "SELECT a, n, d::json FROM unnest(%b::text[], %b::bigint[], %b::text[]) "
                 "AS u(a, n, d) ON CONFLICT (agent_id, n) DO UPDATE SET logs = EXCLUDED.logs"
             ).format(logs_table),
             (agents, numbers, [_dump(detail) for _, detail in last.values()]),
