@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -52,3 +53,15 @@ def fmt_ns(seconds: float) -> str:
 def row(*cells: object) -> str:
     """One Markdown table row."""
     return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy (every core, every process: the daemon,
+    its workers, the database) since boot, from ``/proc/stat``; 0.0 where there is none."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(x) for x in stat.readline().split()[1:]]
+    except OSError:
+        return 0.0
+    idle = fields[3] + fields[4]  # idle and iowait
+    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")

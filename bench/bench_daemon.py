@@ -6,8 +6,10 @@ under 50 ms; restart with 1,000 agents under 2 s. Goals (issue 16, group commit)
 turns/s at least 50 % of the bare commit rate, on SQLite (one writer: ``BEGIN IMMEDIATE``,
 ``INSERT``, ``COMMIT`` with the store's pragmas) and on PostgreSQL (one client's ``INSERT``
 and ``COMMIT``, ``synchronous_commit`` on). The second table also gives how many appends
-each commit held during the turns (``commit_stats``), and the store alone under 100
-concurrent appenders of one event each. Run with ``.venv/bin/python -m bench bench_daemon``.
+each commit held during the turns (``commit_stats``), the CPU a turn took (this process,
+and the whole machine from ``/proc/stat``: agent workers and the database too) with the
+turns/s the machine's cores allow at that cost (cores / machine CPU a turn: a bound whatever
+the store does), and the store alone under 100 concurrent appenders of one event each. Run with ``.venv/bin/python -m bench bench_daemon``.
 The PostgreSQL rows need a server at ``CORRAL_BENCH_PG`` (default
 postgresql://postgres@127.0.0.1:5432/postgres); without one they are skipped with a note.
 """
@@ -30,7 +32,7 @@ from pathlib import Path
 
 import httpx
 
-from bench._harness import row
+from bench._harness import machine_busy_s, row
 from corral.daemon import (
     AgentService,
     NewEvent,
@@ -80,7 +82,19 @@ async def postgres_url() -> AsyncIterator[str]:
             await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
-async def turns_per_second(url: str, home: Path) -> tuple[float, CommitStats]:
+@dataclass(frozen=True)
+class TurnRun:
+    """The timed turns: their rate, how the store committed them, and the CPU they took
+    (ms a turn: this process's, every thread; and the whole machine's: workers and database
+    too)."""
+
+    rate: float
+    stats: CommitStats
+    process_ms: float
+    machine_ms: float
+
+
+async def turns_per_second(url: str, home: Path) -> TurnRun:
     """100 agents, each prompted again as soon as its last turn is done, for SECONDS, after
     one untimed turn each (which starts each agent's worker: a fork, tens of ms on a busy
     machine, which the timed part would otherwise mostly measure); and how the store
@@ -116,14 +130,17 @@ async def turns_per_second(url: str, home: Path) -> tuple[float, CommitStats]:
             done += 1
 
     before = commit_stats(store)
+    cpu, busy = time.process_time(), machine_busy_s()
     started = time.perf_counter()
     await asyncio.gather(*(drive(a) for a in ids))
     elapsed = time.perf_counter() - started
+    cpu, busy = time.process_time() - cpu, machine_busy_s() - busy
     stats = delta(before, commit_stats(store))
     watcher.cancel()
     await service.close()
     await store.close()
-    return done / elapsed, stats
+    turns = max(done, 1)
+    return TurnRun(done / elapsed, stats, cpu / turns * 1000, busy / turns * 1000)
 
 
 def commit_stats(store: object) -> CommitStats:
@@ -322,19 +339,21 @@ class Throughput:
 
     label: str
     bare: tuple[float, float]  # bare durable commits/s, just before and just after the turns
-    turns: float
-    turn_stats: CommitStats
+    turns: TurnRun
     appends: float
     append_stats: CommitStats
 
     def row(self) -> str:
         before, after = self.bare
+        turns = self.turns
         return row(
             self.label,
             f"{before:,.0f} / {after:,.0f}",
-            f"{self.turns:,.0f}",
-            f"{self.turns / ((before + after) / 2):.0%}",
-            per_commit(self.turn_stats),
+            f"{turns.rate:,.0f}",
+            f"{turns.rate / ((before + after) / 2):.0%}",
+            per_commit(turns.stats),
+            f"{turns.process_ms:.2f} / {turns.machine_ms:.2f}",
+            f"{(os.cpu_count() or 1) / turns.machine_ms * 1000:,.0f}" if turns.machine_ms else "-",
             f"{self.appends:,.0f}",
             per_commit(self.append_stats),
         )
@@ -344,7 +363,7 @@ async def run(label: str, fresh: StoreURL, tmp: Path) -> tuple[list[str], Throug
     async with fresh() as url:
         bare_before = await asyncio.to_thread(bare_commits, url)
     async with fresh() as url:
-        rate, turn_stats = await turns_per_second(url, tmp / f"{label}-turns")
+        turns = await turns_per_second(url, tmp / f"{label}-turns")
     async with fresh() as url:
         bare_after = await asyncio.to_thread(bare_commits, url)
     async with fresh() as url:
@@ -356,14 +375,14 @@ async def run(label: str, fresh: StoreURL, tmp: Path) -> tuple[list[str], Throug
     lines = [
         row(
             label,
-            f"{rate:,.0f}",
+            f"{turns.rate:,.0f}",
             f"{statistics.median(latencies):.1f} ms",
             f"{percentile(latencies, 0.99):.1f} ms",
             f"{restart:.3f} s ({events:,} events)",
         )
     ]
     bare = (bare_before, bare_after)
-    return lines, Throughput(label, bare, rate, turn_stats, appends, append_stats)
+    return lines, Throughput(label, bare, turns, appends, append_stats)
 
 
 def bare_commits(url: str) -> float:
@@ -402,11 +421,13 @@ def main() -> None:
             f"no-op turns/s ({AGENTS} agents)",
             "turns / bare (mean)",
             "appends per commit (turns)",
+            "CPU ms a turn (process / machine)",
+            "turns/s the cores allow",
             f"appends/s ({APPENDERS} appenders)",
             "appends per commit (appenders)",
         )
     )
-    print(row("---", "---:", "---:", "---:", "---:", "---:", "---:"))
+    print(row("---", "---:", "---:", "---:", "---:", "---:", "---:", "---:", "---:"))
     for measured in throughput:
         print(measured.row())
 
