@@ -24,11 +24,12 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-from bench._harness import row
+from bench._harness import machine_busy_s, row
 from bench.bench_daemon import PG_ADMIN, bare_postgres_commits
 
 AGENTS = 100
@@ -104,9 +105,11 @@ def cluster(store: str, tmp: Path, count: int) -> Iterator[list[Daemon]]:
             d.stop()
 
 
-async def turns_per_second(daemons: list[Daemon]) -> tuple[float, dict[str, int]]:
+async def turns_per_second(daemons: list[Daemon]) -> tuple[float, dict[str, int], float, float]:
     """Spawn AGENTS no-op agents (placed by the daemons: the least loaded), one untimed turn
-    each, then every agent prompted on its owner as soon as its last turn is done."""
+    each, then every agent prompted on its owner as soon as its last turn is done; the rate,
+    the agents per daemon, and the CPU ms a turn took of the daemons' processes and of the
+    whole machine (workers, database and this driver too)."""
     async with httpx.AsyncClient(headers=HEADERS, timeout=60) as client:
         first = daemons[0].url
         ids = []
@@ -150,13 +153,27 @@ async def turns_per_second(daemons: list[Daemon]) -> tuple[float, dict[str, int]
                 await one_turn(agent)
                 done += 1
 
+        cpu, busy = daemons_cpu_s(daemons), machine_busy_s()
         started = time.perf_counter()
         await asyncio.gather(*(drive(a) for a in ids))
         elapsed = time.perf_counter() - started
+        cpu, busy = daemons_cpu_s(daemons) - cpu, machine_busy_s() - busy
         for task in watchers:
             task.cancel()
         await asyncio.gather(*watchers, return_exceptions=True)
-        return done / elapsed, per_node
+        turns = max(done, 1)
+        return done / elapsed, per_node, cpu / turns * 1000, busy / turns * 1000
+
+
+def daemons_cpu_s(daemons: list[Daemon]) -> float:
+    """CPU seconds (user and system, every thread) the daemons' own processes have used."""
+    total = 0
+    for daemon in daemons:
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{daemon.proc.pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 async def failover_seconds(daemons: list[Daemon]) -> float:
@@ -181,13 +198,23 @@ async def failover_seconds(daemons: list[Daemon]) -> float:
             await asyncio.sleep(0.05)
 
 
-async def measure(count: int) -> tuple[float, dict[str, int], float | None, float]:
+@dataclass(frozen=True)
+class Measured:
+    rate: float
+    per_node: dict[str, int]
+    daemons_ms: float  # CPU ms a turn, the daemons' processes
+    machine_ms: float  # CPU ms a turn, the whole machine
+    failover: float | None
+    bare: float
+
+
+async def measure(count: int) -> Measured:
     with database() as store, tempfile.TemporaryDirectory() as tmp:
         bare = bare_postgres_commits(store)
         with cluster(store, Path(tmp), count) as daemons:
-            rate, per_node = await turns_per_second(daemons)
+            rate, per_node, daemons_ms, machine_ms = await turns_per_second(daemons)
             failover = await failover_seconds(daemons) if count > 1 else None
-        return rate, per_node, failover, bare
+        return Measured(rate, per_node, daemons_ms, machine_ms, failover, bare)
 
 
 def main() -> None:
@@ -198,22 +225,26 @@ def main() -> None:
             f"no-op turns/s ({AGENTS} agents)",
             "turns / bare",
             "agents per daemon",
+            "CPU ms a turn (daemons / machine)",
+            "turns/s the cores allow",
             f"failover (lease {LEASE_S:g} s)",
         )
     )
-    print(row("---", "---:", "---:", "---:", "---", "---:"))
+    print(row("---", "---:", "---:", "---:", "---", "---:", "---:", "---:"))
     rates = {}
     for count in (1, 3):
-        rate, per_node, failover, bare = asyncio.run(measure(count))
-        rates[count] = rate
+        m = asyncio.run(measure(count))
+        rates[count] = m.rate
         print(
             row(
                 str(count),
-                f"{bare:,.0f}",
-                f"{rate:,.0f}",
-                f"{rate / bare:.0%}",
-                " / ".join(str(v) for v in per_node.values()),
-                "-" if failover is None else f"{failover:.2f} s",
+                f"{m.bare:,.0f}",
+                f"{m.rate:,.0f}",
+                f"{m.rate / m.bare:.0%}",
+                " / ".join(str(v) for v in m.per_node.values()),
+                f"{m.daemons_ms:.2f} / {m.machine_ms:.2f}",
+                f"{(os.cpu_count() or 1) / m.machine_ms * 1000:,.0f}" if m.machine_ms else "-",
+                "-" if m.failover is None else f"{m.failover:.2f} s",
             )
         )
     print(f"\nthree daemons / one: {rates[3] / rates[1]:.2f}x")
