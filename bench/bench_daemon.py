@@ -9,9 +9,10 @@ and ``COMMIT``, ``synchronous_commit`` on). The second table also gives how many
 each commit held during the turns (``commit_stats``), the CPU a turn took (this process,
 and the whole machine from ``/proc/stat``: agent workers and the database too) with the
 turns/s the machine's cores allow at that cost (cores / machine CPU a turn: a bound whatever
-the store does), and the store alone under 100 concurrent appenders of one event each. Run with ``.venv/bin/python -m bench bench_daemon``.
-The PostgreSQL rows need a server at ``CORRAL_BENCH_PG`` (default
-postgresql://postgres@127.0.0.1:5432/postgres); without one they are skipped with a note.
+the store does), and the store alone under 100 concurrent appenders of one event each. Run
+with ``.venv/bin/python -m bench bench_daemon``. The PostgreSQL rows need a server at
+``CORRAL_BENCH_PG`` (default postgresql://postgres@127.0.0.1:5432/postgres); without one they
+are skipped with a note.
 """
 
 from __future__ import annotations
