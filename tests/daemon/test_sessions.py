@@ -523,7 +523,8 @@ async def test_the_command_harness_writes_the_session_file(tmp_path: Path) -> No
     output = (await CommandHarness().run_turn(request)).output.splitlines()
     assert [json.loads(line) for line in output[:2]] == list(SESSION)
     assert output[2:] == ["prompt: users_v2", "600"]
-    assert list((tmp_path / "state").iterdir()) == []  # removed once the turn is over
+    # The session file is removed once the turn is over (the heartbeat file is kept).
+    assert [p.name for p in (tmp_path / "state").iterdir()] == ["heartbeat"]
     empty = turn_request(tmp_path, spec(command=["sh", "-c", script]), session=())
     assert (await CommandHarness().run_turn(empty)).output == "prompt: users_v2\n600\n"
 
