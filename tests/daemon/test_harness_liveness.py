@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from corral.daemon import CommandHarness, OpenAIHarness, PythonHarness, TurnRequest, parse_spec
-from corral.daemon.harnesses._liveness import HEARTBEAT_ENV, poll_s
+from corral.daemon.harnesses._liveness import HEARTBEAT_ENV, heartbeat_path, poll_s
 from tests.support.openai_server import OpenAIServer, completion, tool_call
 
 TOOL_WORKER = str(Path(__file__).with_name("workers") / "tool_worker.py")
@@ -57,6 +57,22 @@ def test_files_are_looked_at_a_few_times_per_heartbeat() -> None:
     assert poll_s(0.2) == pytest.approx(0.05)
     assert poll_s(3600) == 1.0
     assert poll_s(0.001) == 0.02
+
+
+def test_the_heartbeat_file_is_named_by_an_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = tmp_path / "agents" / "a_1" / "state"
+    for _ in range(2):  # the second time from the paths kept for recent agents
+        assert heartbeat_path(state) == state / "heartbeat"
+    assert heartbeat_path(tmp_path / "x" / ".." / "state") == tmp_path / "state" / "heartbeat"
+    # A relative state directory (a daemon started with a relative home) is the daemon's.
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    for where in ("one", "two"):
+        monkeypatch.chdir(tmp_path / where)
+        assert heartbeat_path(Path("state")) == Path.cwd() / "state" / "heartbeat"
+        assert Path.cwd().name == where
 
 
 async def test_a_command_touching_its_heartbeat_file_beats(tmp_path: Path) -> None:

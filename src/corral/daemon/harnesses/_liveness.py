@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -37,31 +38,36 @@ _Fingerprint = tuple[int, int, int] | None
 
 def heartbeat_path(state_dir: Path) -> Path:
     """The agent's heartbeat file: in its state directory, outside its working directory."""
+    if state_dir.is_absolute():
+        return _absolute_heartbeat_path(state_dir)  # the same whatever the current directory
     return Path(os.path.abspath(state_dir / HEARTBEAT_FILE))
 
 
-def prepare(state_dir: Path) -> dict[str, str]:
-    """Make the turn's heartbeat file an empty file (the one the last turn left when it is
-    still a regular file of its own; whatever else the agent left in its place is removed
-    first: :func:`_state_files.made_empty`) and return the environment that names it
-    (``CORRAL_HEARTBEAT_FILE``).
+@functools.lru_cache(maxsize=4096)
+def _absolute_heartbeat_path(state_dir: Path) -> Path:
+    return Path(os.path.abspath(state_dir / HEARTBEAT_FILE))
+
+
+def prepare(path: Path) -> None:
+    """Make the turn's heartbeat file ``path`` an empty file (the one the last turn left when
+    it is still a regular file of its own; whatever else the agent left in its place is
+    removed first: :func:`_state_files.made_empty`).
 
     Best effort: a file that cannot be made is logged, and the agent is still told the path
     (touching it then fails on the agent's side, and its turn may stall)."""
-    path = heartbeat_path(state_dir)
     try:
         _state_files.made_empty(path)
     except OSError as exc:  # (a directory the agent put there, say)
         logger.warning("could not make the heartbeat file %s: %s", path, exc)
-    return {HEARTBEAT_ENV: str(path)}
 
 
 @contextlib.asynccontextmanager
 async def alive(request: TurnRequest, others: Sequence[Path] = ()) -> AsyncIterator[Path]:
-    """The turn's heartbeat file for the block (see :func:`prepare`; its path is given),
-    watched with ``others`` (see :func:`watching`); it is left in place when the block ends,
-    for the agent's next turn (:func:`discard` removes it)."""
-    path = Path(prepare(request.state_dir)[HEARTBEAT_ENV])
+    """The turn's heartbeat file (:func:`heartbeat_path`, made by :func:`prepare`; its path
+    is given) for the block, watched with ``others`` (see :func:`watching`); it is left in
+    place when the block ends, for the agent's next turn (:func:`discard` removes it)."""
+    path = heartbeat_path(request.state_dir)
+    prepare(path)
     async with watching(request, [path, *others]):
         yield path
 
