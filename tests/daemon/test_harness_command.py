@@ -127,7 +127,8 @@ async def test_relative_directories_are_the_daemons_not_the_commands(
     result = await CommandHarness().run_turn(relative)
     assert json.loads(result.output)["prompt"] == "relative"
     assert json.loads(result.output)["cwd"] == real(tmp_path / "work")
-    assert list((tmp_path / "state").iterdir()) == []
+    # Nothing of the turn is left but the heartbeat file kept for the next one.
+    assert [p.name for p in (tmp_path / "state").iterdir()] == ["heartbeat"]
 
 
 async def test_env_layers_daemon_then_spec_then_request(

@@ -4,6 +4,8 @@ heartbeat file or writing output, a python function calling ``context.heartbeat(
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -12,7 +14,7 @@ from typing import Any
 import pytest
 
 from corral.daemon import CommandHarness, OpenAIHarness, PythonHarness, TurnRequest, parse_spec
-from corral.daemon.harnesses._liveness import HEARTBEAT_ENV, poll_s
+from corral.daemon.harnesses._liveness import HEARTBEAT_ENV, heartbeat_path, poll_s
 from tests.support.openai_server import OpenAIServer, completion, tool_call
 
 TOOL_WORKER = str(Path(__file__).with_name("workers") / "tool_worker.py")
@@ -57,6 +59,22 @@ def test_files_are_looked_at_a_few_times_per_heartbeat() -> None:
     assert poll_s(0.001) == 0.02
 
 
+def test_the_heartbeat_file_is_named_by_an_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = tmp_path / "agents" / "a_1" / "state"
+    for _ in range(2):  # the second time from the paths kept for recent agents
+        assert heartbeat_path(state) == state / "heartbeat"
+    assert heartbeat_path(tmp_path / "x" / ".." / "state") == tmp_path / "state" / "heartbeat"
+    # A relative state directory (a daemon started with a relative home) is the daemon's.
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    for where in ("one", "two"):
+        monkeypatch.chdir(tmp_path / where)
+        assert heartbeat_path(Path("state")) == Path.cwd() / "state" / "heartbeat"
+        assert Path.cwd().name == where
+
+
 async def test_a_command_touching_its_heartbeat_file_beats(tmp_path: Path) -> None:
     beats = Beats()
     touch = f'touch "${HEARTBEAT_ENV}"'
@@ -65,7 +83,8 @@ async def test_a_command_touching_its_heartbeat_file_beats(tmp_path: Path) -> No
     named = Path(result.output.strip())
     assert named == (tmp_path / "state" / "heartbeat").resolve()
     assert beats.count >= 3
-    assert _left(tmp_path / "state") == []  # removed at the turn's end
+    # Kept for the next turn (the files a command turn keeps are gone).
+    assert _left(tmp_path / "state") == ["heartbeat"]
 
 
 @pytest.mark.parametrize("stream", ["", ">&2"])
@@ -99,6 +118,42 @@ async def test_a_python_function_calling_heartbeat_beats(tmp_path: Path) -> None
         await harness.aclose()
     assert Path(result.output) == (tmp_path / "state" / "heartbeat").resolve()
     assert beats.count >= 3
+
+
+async def test_the_heartbeat_file_is_kept_between_turns_and_made_empty(tmp_path: Path) -> None:
+    heartbeat = tmp_path / "state" / "heartbeat"
+    request = _shell(tmp_path, f'echo beat > "${HEARTBEAT_ENV}"; echo ok', Beats())
+    harness = CommandHarness()
+    assert (await harness.run_turn(request)).output == "ok\n"
+    kept = heartbeat.stat()
+    assert kept.st_size == 5  # left as the turn left it
+    script = f'wc -c < "${HEARTBEAT_ENV}"'
+    result = await harness.run_turn(replace(_shell(tmp_path, script, Beats()), turn=2))
+    assert result.output.strip() == "0"  # made empty at the turn's start
+    assert heartbeat.stat().st_ino == kept.st_ino  # the same file
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "hard link"])
+async def test_whatever_the_agent_put_in_the_heartbeat_files_place_is_replaced(
+    tmp_path: Path, kind: str
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    heartbeat = state / "heartbeat"
+    outside = tmp_path / "precious"
+    outside.write_text("keep me")
+    if kind == "fifo":
+        os.mkfifo(heartbeat)  # opening it for writing would block the daemon
+    elif kind == "symlink":
+        heartbeat.symlink_to(outside)
+    else:
+        os.link(outside, heartbeat)
+    request = _shell(tmp_path, f'wc -c < "${HEARTBEAT_ENV}"', Beats())
+    assert (await CommandHarness().run_turn(request)).output.strip() == "0"
+    found = os.lstat(heartbeat)
+    assert stat.S_ISREG(found.st_mode)
+    assert found.st_nlink == 1
+    assert outside.read_text() == "keep me"
 
 
 async def test_an_openai_agent_beats_at_each_model_and_tool_call(

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from corral.daemon.harnesses import TurnTimer
-from corral.kernel import InvalidArgumentError
+from corral.kernel import SYSTEM_CLOCK, InvalidArgumentError
 from corral.runtime import FakeClock
 from tests.support.polling import idle
 
@@ -181,3 +181,6 @@ def test_arguments_are_checked() -> None:
         TurnTimer(1, 5.0)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match="recheck_s"):
         TurnTimer(1, recheck_s=-1)
+    with pytest.raises(InvalidArgumentError, match="clock"):
+        TurnTimer(1, clock=object())  # type: ignore[arg-type]
+    assert TurnTimer(1).clock is SYSTEM_CLOCK

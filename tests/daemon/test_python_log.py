@@ -56,8 +56,10 @@ async def test_prints_and_log_records_reach_the_turns_log(tmp_path: Path) -> Non
         ("stdout", "bell\x07 nul\ufffd \x1b[31mred\x1b[0m"),
         ("stdout", "no newline at the end"),
     ]
-    # The turn's file is gone once read.
-    assert not _python_log.log_path(req.state_dir, req.turn).exists()
+    # The agent's file is kept for its next turn, emptied once read.
+    path = _python_log.log_path(req.state_dir)
+    assert path.is_file()
+    assert path.stat().st_size == 0
 
 
 async def test_an_async_function_its_threads_and_tracebacks_are_captured(
@@ -120,7 +122,7 @@ async def test_no_log_asked_no_file_and_output_goes_on(tmp_path: Path) -> None:
     req = request(tmp_path, f"{MODULE}:chatty")
     req.workdir.mkdir()
     assert (await make().run_turn(req)).output == "chatted"
-    assert not list(req.state_dir.glob("python-turn-*"))
+    assert not _python_log.log_path(req.state_dir).exists()
 
 
 # --- the pieces, in this process --------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -178,6 +179,60 @@ def test_a_bounded_session_never_opens_with_a_tool_result(
     monkeypatch.setattr(_sessions, "MAX_SESSION_CHARS", room)
     kept = _sessions.bounded(session)
     assert [m["role"] for m in kept] == ["assistant"]
+
+
+def _plainly_appended(session: list[Any], new: list[Any]) -> list[Any]:
+    """``_sessions.appended`` as a plain walk: every message of the session added up again at
+    each append. What the session's kept size must agree with."""
+    n = session[-1].get("n", len(session)) if session else 0
+    numbered = list(session)
+    for message in new:
+        n += 1
+        numbered.append({**message, "n": n})
+    total = sum(_sessions.size(m) for m in numbered)
+    start = 0
+    while start < len(numbered) and (
+        len(numbered) - start > _sessions.MAX_MESSAGES or total > _sessions.MAX_SESSION_CHARS
+    ):
+        total -= _sessions.size(numbered[start])
+        start += 1
+    while start < len(numbered) and numbered[start]["role"] == "tool":
+        start += 1
+    return numbered[start:]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_appending_keeps_what_adding_up_the_whole_session_each_time_keeps(
+    monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    monkeypatch.setattr(_sessions, "MAX_MESSAGES", 12)
+    monkeypatch.setattr(_sessions, "MAX_SESSION_CHARS", 1500)
+    rng = random.Random(seed)
+    call = {"id": "c", "name": "t", "arguments": "{}"}
+    session: list[Any] = []
+    expected: list[Any] = []
+    for turn_n in range(1, 200):
+        new: list[Any] = []
+        for _ in range(rng.randint(1, 4)):
+            role = rng.choice(["user", "assistant", "tool", "error"])
+            message: dict[str, Any] = {
+                "role": role,
+                "turn": turn_n,
+                "content": "x" * rng.choice([0, 5, 100, 700]),
+                "at": TS,
+            }
+            if role == "tool":
+                message["toolCallId"] = "c"
+            elif role == "assistant" and rng.random() < 0.3:
+                message["toolCalls"] = [call] * rng.randint(1, 3)
+            new.append(message)
+        session = _sessions.appended(session, new)
+        expected = _plainly_appended(expected, new)
+        assert session == expected
+    # A session changed in place (no code does) is added up again, not taken at its word.
+    grown = _sessions.appended(session, [_sessions.message("user", 300, "go", TS)])
+    grown.extend(_sessions.message("user", 300, "y" * 400, TS) for _ in range(6))
+    assert _sessions.appended(grown, []) == _plainly_appended(list(grown), [])
 
 
 def test_turn_messages_keep_only_well_formed_storable_messages() -> None:
@@ -523,7 +578,8 @@ async def test_the_command_harness_writes_the_session_file(tmp_path: Path) -> No
     output = (await CommandHarness().run_turn(request)).output.splitlines()
     assert [json.loads(line) for line in output[:2]] == list(SESSION)
     assert output[2:] == ["prompt: users_v2", "600"]
-    assert list((tmp_path / "state").iterdir()) == []  # removed once the turn is over
+    # The session file is removed once the turn is over (the heartbeat file is kept).
+    assert [p.name for p in (tmp_path / "state").iterdir()] == ["heartbeat"]
     empty = turn_request(tmp_path, spec(command=["sh", "-c", script]), session=())
     assert (await CommandHarness().run_turn(empty)).output == "prompt: users_v2\n600\n"
 

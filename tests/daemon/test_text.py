@@ -11,6 +11,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mcp import Client
 
 from corral.daemon import (
@@ -23,6 +25,7 @@ from corral.daemon import (
     build_mcp_server,
     create_app,
 )
+from corral.daemon._text import text_problem, unstorable
 from corral.daemon.stores import PostgresStore
 from tests.daemon.conftest import MakeService
 from tests.support.front_door import FrontDoor
@@ -303,3 +306,70 @@ async def test_spec_numbers_and_booleans_are_strict(
         answer = await client.post("/agents", json={**WORKER, **extra})
     assert problems(answer, "invalid_spec")
     assert front.service.list_agents() == []
+
+
+def _walked(value: Any, path: str = "") -> tuple[str, str] | None:
+    """``unstorable`` as a plain walk, every string looked at with ``text_problem``: what its
+    fast path must agree with."""
+    if isinstance(value, str):
+        message = text_problem(value)
+        return None if message is None else (path or "(value)", message)
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            child = f"{path}.{key}" if path else str(key)
+            found = _walked(key, child) or _walked(inner, child)
+            if found is not None:
+                return found
+    elif isinstance(value, list | tuple):
+        for i, inner in enumerate(value):
+            found = _walked(inner, f"{path}.{i}" if path else str(i))
+            if found is not None:
+                return found
+    return None
+
+
+class _Text(str):
+    pass
+
+
+_TEXT = st.text(
+    alphabet=st.one_of(
+        st.characters(codec="ascii"),
+        st.sampled_from(["\x00", "\ud800", "\udfff", "é", "\u202e", "\U0001f600", "\ufffd"]),
+    ),
+    max_size=6,
+)
+_SCALAR = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), _TEXT)
+_JSON = st.recursive(
+    _SCALAR,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.lists(inner, max_size=4).map(tuple),
+        st.dictionaries(st.one_of(_TEXT, st.integers()), inner, max_size=4),
+        st.dictionaries(_TEXT.map(_Text), inner.map(lambda v: [v]), max_size=3),
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(value=_JSON, path=st.sampled_from(["", "data"]))
+def test_unstorable_finds_what_a_plain_walk_finds(value: Any, path: str) -> None:
+    assert unstorable(value, path) == _walked(value, path)
+
+
+@pytest.mark.parametrize(
+    ("value", "found"),
+    [
+        ({"a": "ok", "b": ["x", "nul \x00"]}, "b.1"),
+        ({"é": {"\ud800": 1}}, "é.\ud800"),
+        ({"k": ("fine", "\udcff")}, "k.1"),
+        ({1: "é\x00"}, "1"),
+        (_Text("a\x00"), "(value)"),
+    ],
+)
+def test_unstorable_names_the_first_string_no_store_can_hold(value: Any, found: str) -> None:
+    where = unstorable(value)
+    assert where is not None
+    assert where[0] == found
+    assert unstorable({"fine": ["ascii", "é", "\U0001f600", 1, 2.5, None, True]}) is None

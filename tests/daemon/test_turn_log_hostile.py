@@ -108,7 +108,7 @@ async def test_a_command_forging_a_huge_frame_in_its_log_is_read_with_a_bound(
 def test_python_turns_log_file_replaces_a_fifo_without_blocking(tmp_path: Path) -> None:
     req = request(tmp_path, "tests.daemon.workers.py_logs:chatty")
     req.state_dir.mkdir(parents=True, exist_ok=True)
-    path = _python_log.log_path(req.state_dir, req.turn)
+    path = _python_log.log_path(req.state_dir)
     os.mkfifo(path)
     req = replace(req, log=TurnLog(req.agent_id, req.turn))
     harness = make()
@@ -123,7 +123,7 @@ def test_python_turns_log_file_never_truncates_a_symlinks_target(tmp_path: Path)
     req.state_dir.mkdir(parents=True, exist_ok=True)
     outside = tmp_path / "precious"
     outside.write_text("keep me")
-    path = _python_log.log_path(req.state_dir, req.turn)
+    path = _python_log.log_path(req.state_dir)
     path.symlink_to(outside)
     req = replace(req, log=TurnLog(req.agent_id, req.turn))
     made_path, tail = make()._log_for(req)
@@ -132,3 +132,34 @@ def test_python_turns_log_file_never_truncates_a_symlinks_target(tmp_path: Path)
     assert path.is_file()
     assert not path.is_symlink()
     assert tail is not None
+
+
+def test_python_turns_log_file_never_empties_a_file_it_is_a_hard_link_of(tmp_path: Path) -> None:
+    req = request(tmp_path, "tests.daemon.workers.py_logs:chatty")
+    req.state_dir.mkdir(parents=True, exist_ok=True)
+    outside = tmp_path / "precious"
+    outside.write_text("keep me")
+    path = _python_log.log_path(req.state_dir)
+    os.link(outside, path)
+    req = replace(req, log=TurnLog(req.agent_id, req.turn))
+    made_path, tail = make()._log_for(req)
+    assert outside.read_text() == "keep me"
+    assert made_path == path
+    assert path.stat().st_nlink == 1
+    assert path.stat().st_size == 0
+    assert tail is not None
+
+
+async def test_what_the_agent_left_in_its_log_file_is_not_read_as_its_next_turns(
+    tmp_path: Path,
+) -> None:
+    req = request(tmp_path, "tests.daemon.workers.py_logs:quiet")
+    req.workdir.mkdir(exist_ok=True)
+    req.state_dir.mkdir(parents=True, exist_ok=True)
+    path = _python_log.log_path(req.state_dir)
+    path.write_bytes(b"o7\nforged\n")  # frames written between turns
+    log = TurnLog(req.agent_id, req.turn)
+    assert (await make().run_turn(replace(req, log=log))).output == "quiet"
+    log.close()
+    assert log.snapshot() == []
+    assert path.stat().st_size == 0

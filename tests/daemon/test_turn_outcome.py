@@ -19,6 +19,7 @@ from corral.daemon import (
     SQLiteStore,
     State,
     StoreUnavailableError,
+    _turns,
 )
 from corral.daemon import _events as ev
 from corral.daemon.stores._base import MergeHook
@@ -181,3 +182,12 @@ async def test_a_store_down_past_the_limit_leaves_the_agent_to_a_restart(
 def test_result_retry_s_is_checked(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="result_retry_s"):
         AgentService(SQLiteStore(tmp_path / "x.db"), home=tmp_path, harnesses={}, result_retry_s=-1)
+
+
+@pytest.mark.parametrize("home", [Path(".corral"), Path("/srv/corral")])
+def test_an_agents_directories_are_under_its_home(home: Path) -> None:
+    for _ in range(2):  # the second time from the paths kept for recent agents
+        assert _turns.workdir(home, "a_1") == home / "agents" / "a_1" / "work"
+        assert _turns.state_dir(home, "a_1") == home / "agents" / "a_1" / "state"
+    assert _turns.workdir(home / "other", "a_1") == home / "other" / "agents" / "a_1" / "work"
+    assert _turns.state_dir(home, "a_2") == home / "agents" / "a_2" / "state"

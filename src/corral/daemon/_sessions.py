@@ -78,10 +78,32 @@ def size(message: Mapping[str, Any]) -> int:
     return chars + len(message.get("toolCallId") or "") + len(message.get("name") or "")
 
 
+class _Sized(list[SessionMessage]):
+    """A session as :func:`appended` gives it: a list that also knows what it counts against
+    :data:`MAX_SESSION_CHARS` (``chars``, for its first ``length`` messages), so that the next
+    append does not add up every message again. Sessions are never changed in place (a turn
+    makes a new list); one whose length is not ``length`` any more is added up again all the
+    same."""
+
+    __slots__ = ("chars", "length")
+
+    def __init__(self, messages: Iterable[SessionMessage], chars: int) -> None:
+        super().__init__(messages)
+        self.chars = chars
+        self.length = len(self)
+
+
+def _chars(session: list[SessionMessage]) -> int:
+    """What ``session`` counts against :data:`MAX_SESSION_CHARS` (see :func:`size`)."""
+    if isinstance(session, _Sized) and session.length == len(session):
+        return session.chars
+    return sum(size(m) for m in session)
+
+
 def bounded(session: list[SessionMessage]) -> list[SessionMessage]:
     """``session`` within :data:`MAX_MESSAGES` and :data:`MAX_SESSION_CHARS`, the oldest
     messages dropped first; it never opens with a tool result whose call was dropped."""
-    total = sum(size(m) for m in session)
+    total = _chars(session)
     start = 0
     while start < len(session) and (
         len(session) - start > MAX_MESSAGES or total > MAX_SESSION_CHARS
@@ -89,18 +111,22 @@ def bounded(session: list[SessionMessage]) -> list[SessionMessage]:
         total -= size(session[start])
         start += 1
     while start < len(session) and session[start]["role"] == "tool":
+        total -= size(session[start])
         start += 1
-    return session if start == 0 else session[start:]
+    return session if start == 0 else _Sized(session[start:], total)
 
 
 def appended(session: list[SessionMessage], new: list[SessionMessage]) -> list[SessionMessage]:
     """``session`` with ``new`` after it, numbered on from its last message (``n``), then
     :func:`bounded`. A new list: ``session`` is not changed."""
     n = session[-1].get("n", len(session)) if session else 0
-    numbered = list(session)
+    numbered = _Sized(session, _chars(session))
     for message in new:
         n += 1
-        numbered.append({**message, "n": n})
+        added: SessionMessage = {**message, "n": n}
+        numbered.append(added)
+        numbered.chars += size(added)
+    numbered.length = len(numbered)
     return bounded(numbered)
 
 

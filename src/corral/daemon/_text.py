@@ -141,18 +141,60 @@ def escape_json(value: Any) -> Any:
 def unstorable(value: Any, path: str = "") -> tuple[str, str] | None:
     """The first ``(path, message)`` of a string in ``value`` that no store can hold
     (a lone surrogate or NUL), or None."""
+    if _storable(value):
+        return None  # the common case, without building a path for every value
+    return _first_unstorable(value, path)
+
+
+def _storable(value: Any) -> bool:
+    """Whether every string in ``value`` (keys included, as :func:`unstorable` walks it)
+    can be stored. Strings and plain scalars are looked at in place rather than through a
+    call each, and ASCII text is checked for NUL alone (``str.isascii`` is a flag in CPython,
+    ``in`` a memchr): it holds no surrogate."""
+    if isinstance(value, str):
+        return _storable_text(value)
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            if type(key) is str:
+                if not (key.isascii() and "\x00" not in key) and not _storable_text(key):
+                    return False
+            elif not _storable(key):
+                return False
+            kind = type(inner)
+            if kind is str:
+                if not (inner.isascii() and "\x00" not in inner) and not _storable_text(inner):
+                    return False
+            elif kind not in _SCALARS and not _storable(inner):
+                return False
+    elif isinstance(value, list | tuple):
+        for inner in value:
+            if not _storable(inner):
+                return False
+    return True
+
+
+_SCALARS = frozenset({int, float, bool, type(None)})
+
+
+def _storable_text(value: str) -> bool:
+    if value.isascii():
+        return "\x00" not in value
+    return _UNSTORABLE.search(value) is None
+
+
+def _first_unstorable(value: Any, path: str) -> tuple[str, str] | None:
     if isinstance(value, str):
         message = text_problem(value)
         return None if message is None else (path or "(value)", message)
     if isinstance(value, dict):
         for key, inner in value.items():
             child = f"{path}.{key}" if path else str(key)
-            found = unstorable(key, child) or unstorable(inner, child)
+            found = _first_unstorable(key, child) or _first_unstorable(inner, child)
             if found is not None:
                 return found
     elif isinstance(value, list | tuple):
         for i, inner in enumerate(value):
-            found = unstorable(inner, f"{path}.{i}" if path else str(i))
+            found = _first_unstorable(inner, f"{path}.{i}" if path else str(i))
             if found is not None:
                 return found
     return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -104,12 +105,21 @@ def _no_agent(agent_id: str) -> AgentRecord | None:
 
 def workdir(home: Path, agent_id: str) -> Path:
     """The agent's working directory: it lives as long as the agent."""
-    return home / "agents" / agent_id / "work"
+    return _agent_dirs(home, agent_id)[0]
 
 
 def state_dir(home: Path, agent_id: str) -> Path:
     """The harness's bookkeeping for the agent, outside its working directory."""
-    return home / "agents" / agent_id / "state"
+    return _agent_dirs(home, agent_id)[1]
+
+
+@functools.lru_cache(maxsize=4096)
+def _agent_dirs(home: Path, agent_id: str) -> tuple[Path, Path]:
+    """The agent's working and state directories (paths only: nothing is looked at), kept
+    for the agents of recent turns, as each turn asks for them a few times and making a
+    path costs more than a dict look-up."""
+    agent = home.joinpath("agents", agent_id)
+    return agent / "work", agent / "state"
 
 
 @dataclass(frozen=True, slots=True)

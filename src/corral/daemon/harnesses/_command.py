@@ -89,7 +89,7 @@ class CommandHarness:
     the instant between the child's start and that write misses the child.
 
     Liveness: the command is told its heartbeat file (``CORRAL_HEARTBEAT_FILE``, made empty
-    in ``state_dir`` at each turn's start and removed at its end; see ``_liveness``). When
+    in ``state_dir`` at each turn's start and kept between turns; see ``_liveness``). When
     the daemon watches the turn (``request.heartbeat``, the spec's ``heartbeatS``), touching
     that file or writing anything to stdout or stderr is a sign of life.
 

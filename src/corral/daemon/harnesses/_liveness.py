@@ -1,8 +1,9 @@
 """Signs of life a harness sees in files: the agent's heartbeat file, a command's output.
 
 Every ``command`` and ``python`` turn has a heartbeat file, ``<state_dir>/heartbeat``, made
-empty by the harness when the turn starts and removed when it ends (:func:`alive`); the agent
-is told its path (``CORRAL_HEARTBEAT_FILE``) and shows it is alive by touching it (its
+empty by the harness when the turn starts (:func:`alive`) and kept for the agent's next turns
+(made anew only when the agent put something else in its place, see ``_state_files``); the
+agent is told its path (``CORRAL_HEARTBEAT_FILE``) and shows it is alive by touching it (its
 modification time or size changing). When the daemon watches the turn
 (``TurnRequest.heartbeat``), :func:`watching` looks at the file -- and at the other files the
 harness names, a command's output -- a few times per ``heartbeatS`` and calls ``heartbeat()``
@@ -16,11 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
+from corral.daemon.harnesses import _state_files
 from corral.daemon.harnesses._base import TurnRequest
 
 logger = logging.getLogger("corral.daemon")
@@ -35,40 +38,43 @@ _Fingerprint = tuple[int, int, int] | None
 
 def heartbeat_path(state_dir: Path) -> Path:
     """The agent's heartbeat file: in its state directory, outside its working directory."""
+    if state_dir.is_absolute():
+        return _absolute_heartbeat_path(state_dir)  # the same whatever the current directory
     return Path(os.path.abspath(state_dir / HEARTBEAT_FILE))
 
 
-def prepare(state_dir: Path) -> dict[str, str]:
-    """Make the turn's heartbeat file anew (empty; whatever the agent left in its place is
-    removed first) and return the environment that names it (``CORRAL_HEARTBEAT_FILE``).
+@functools.lru_cache(maxsize=4096)
+def _absolute_heartbeat_path(state_dir: Path) -> Path:
+    return Path(os.path.abspath(state_dir / HEARTBEAT_FILE))
+
+
+def prepare(path: Path) -> None:
+    """Make the turn's heartbeat file ``path`` an empty file (the one the last turn left when
+    it is still a regular file of its own; whatever else the agent left in its place is
+    removed first: :func:`_state_files.made_empty`).
 
     Best effort: a file that cannot be made is logged, and the agent is still told the path
     (touching it then fails on the agent's side, and its turn may stall)."""
-    path = heartbeat_path(state_dir)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _remove(path)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        os.close(fd)
+        _state_files.made_empty(path)
     except OSError as exc:  # (a directory the agent put there, say)
         logger.warning("could not make the heartbeat file %s: %s", path, exc)
-    return {HEARTBEAT_ENV: str(path)}
 
 
 @contextlib.asynccontextmanager
 async def alive(request: TurnRequest, others: Sequence[Path] = ()) -> AsyncIterator[Path]:
-    """The turn's heartbeat file for the block (see :func:`prepare`; its path is given),
-    watched with ``others`` (see :func:`watching`) and removed when the block ends."""
-    path = Path(prepare(request.state_dir)[HEARTBEAT_ENV])
-    try:
-        async with watching(request, [path, *others]):
-            yield path
-    finally:
-        _remove(path)
+    """The turn's heartbeat file (:func:`heartbeat_path`, made by :func:`prepare`; its path
+    is given) for the block, watched with ``others`` (see :func:`watching`); it is left in
+    place when the block ends, for the agent's next turn (:func:`discard` removes it)."""
+    path = heartbeat_path(request.state_dir)
+    prepare(path)
+    async with watching(request, [path, *others]):
+        yield path
 
 
 def discard(state_dir: Path) -> None:
-    """Remove the heartbeat file a turn left (its daemon died before the turn ended)."""
+    """Remove the agent's heartbeat file (kept between its turns; a turn its daemon died
+    in is not watched when taken up again)."""
     _remove(heartbeat_path(state_dir))
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from corral.daemon._records import SessionMessage
-from corral.daemon.harnesses import _liveness, _python_log
+from corral.daemon.harnesses import _liveness, _python_log, _state_files
 from corral.daemon.harnesses._base import TurnFailedError, TurnRequest, TurnResult
 from corral.daemon.harnesses._call_log import CallLog
 from corral.daemon.harnesses._log_tail import LogTail, following, read_bound
@@ -224,7 +224,7 @@ class PythonHarness:
             if tail is not None and log_file is not None:
                 tail.poll(until_end=True)  # what the worker wrote last (at most max_bytes)
                 with contextlib.suppress(OSError):
-                    log_file.unlink()
+                    _state_files.made_empty(log_file)  # read: kept empty for the next turn
         if ran.error is not None:
             raise _worker_failed(target, ran.error, request.timeout_s)
         outcome = ran.result
@@ -236,18 +236,16 @@ class PythonHarness:
         )
 
     def _log_for(self, request: TurnRequest) -> tuple[Path | None, LogTail | None]:
-        """The turn's log file (made empty) and its tail, when the daemon keeps the log."""
+        """The agent's log file (made empty) and the turn's tail of it, when the daemon keeps
+        the turn's log. The file is kept from turn to turn (emptied at each turn's end), and
+        made anew only when the agent's code put something else in its place: a FIFO (which
+        the daemon must not block on), a link (whose target it must not empty), a file with
+        another name (see ``_state_files``)."""
         if request.log is None:
             return None, None
-        path = _python_log.log_path(request.state_dir, request.turn)
+        path = _python_log.log_path(request.state_dir)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # Made anew, never opened as found: the agent's code may have put a FIFO there
-            # (opening it would block the daemon) or a link (whose target would be emptied).
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            os.close(os.open(path, flags, 0o600))
+            _state_files.made_empty(path)
         except OSError as exc:
             logger.warning("python harness: no log for turn %d: %s", request.turn, exc)
             return None, None

@@ -3,8 +3,9 @@ the daemon while the turn runs.
 
 The worker's side (:func:`capturing`): for the turn's length, what the function writes to
 ``sys.stdout`` and ``sys.stderr`` and the ``logging`` records it emits (one line each,
-``LEVEL logger: message``, a traceback after it when there is one) go to the turn's log file
-``python-turn-<n>.log`` in the agent's state directory, as frames like the command launcher's
+``LEVEL logger: message``, a traceback after it when there is one) go to the agent's log file
+``python-turn.log`` in its state directory (made empty by the daemon at each turn's start and
+end, and kept between turns: see ``_state_files``), as frames like the command launcher's
 (``o<n>\\n``, ``e<n>\\n``, ``l<n>\\n``, ``m<n>\\n``, ``t<n>\\n`` then ``n`` bytes: stdout,
 stderr, log, model, tool), at most the turn's log size of text; the rest is counted and said
 at the end of the turn in a frame ``d<count>\\n`` (no body). Model and tool calls go there too
@@ -13,8 +14,10 @@ when the function's agent loop carries :meth:`TurnContext.call_log`'s middleware
 The daemon's side reads the file as it grows (``_log_tail.LogTail``, every ``LOG_POLL_S``),
 so ``corral logs --follow`` sees the lines while the turn runs, and into the turn's capped
 :class:`~._base.TurnOutput`. The frames name only those five streams: nothing the function
-writes, to the file or otherwise, reaches the ``corral`` stream, another turn's log or another
-agent's, and the daemon reads at most a bounded amount of the file whatever is in it.
+writes, to the file or otherwise, reaches the ``corral`` stream or another agent's log (what
+its own code writes to the file directly once its turn is over reaches at most one of its
+agent's later turns), and the daemon reads at most a bounded amount of the file whatever is in
+it.
 
 Routing: ``sys.stdout`` and ``sys.stderr`` are replaced once per worker by proxies that send
 what is written to the turn being captured -- the one in the writer's context (a contextvar,
@@ -37,7 +40,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-LOG_FILE = "python-turn-{turn}.log"
+LOG_FILE = "python-turn.log"
 
 LOG_POLL_S = 0.1
 """How often the daemon reads a running turn's log file for new lines."""
@@ -55,8 +58,9 @@ _LETTERS = {name: chr(letter).encode() for letter, name in STREAMS.items()}
 _FLUSH_BYTES = 64 * 1024  # buffered text is written out at a newline or past this size
 
 
-def log_path(state_dir: Path, turn: int) -> Path:
-    return state_dir / LOG_FILE.format(turn=turn)
+def log_path(state_dir: Path) -> Path:
+    """The agent's turn log file: one per agent, its turns one after the other."""
+    return state_dir / LOG_FILE
 
 
 class TurnCapture:
