@@ -32,10 +32,14 @@ async def test_a_stop_cancels_the_agents_cancellation_saying_who_and_why(
     conn: Connection, door: FrontDoor
 ) -> None:
     agent = await conn.register("worker")
+    following = door.service.subscriptions
     cancellation = agent.cancellation
     assert agent.cancellation is cancellation
     async with agent.turn("long work") as turn:
         assert not cancellation.is_cancelled
+        # The stop comes once the handle follows the agent's events: a stop it finds done
+        # already is read from the agent's record, which does not say who stopped it.
+        await settle(lambda: door.service.subscriptions > following)
         await door.service.stop(agent.id, by="alice", why="enough")
         await asyncio.wait_for(cancellation.wait(), BOUND_S)
         assert cancellation.reason == f"agent {agent.id} was stopped by alice in the daemon: enough"
