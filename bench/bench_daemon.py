@@ -45,6 +45,7 @@ from corral.daemon import (
     serve,
     token_path,
 )
+from corral.daemon._gc import tune as tune_gc
 from corral.daemon.stores import CommitStats, PostgresStore
 
 AGENTS = 100
@@ -121,6 +122,7 @@ async def turns_per_second(url: str, home: Path) -> TurnRun:
         await idle[agent_id].wait()
 
     await asyncio.gather(*(one_turn(a) for a in ids))  # warm-up
+    tune_gc()  # as `corral serve` does once it is up
     end = time.perf_counter() + SECONDS
     done = 0
 

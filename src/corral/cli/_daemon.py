@@ -135,6 +135,7 @@ def serve(
 ) -> None:
     """Run the daemon until interrupted."""
     from corral.console import Console
+    from corral.daemon._gc import tune as tune_gc
     from corral.daemon._server import ServeConfig, log_to_stderr
     from corral.daemon._server import serve as run_server
     from corral.daemon._targets import parse_db_option, parse_db_setting, target_options
@@ -166,7 +167,8 @@ def serve(
     with refusals(), suppress(KeyboardInterrupt):
         server_config = ServeConfig(**config)
         log_to_stderr(log_format=log_format)
-        asyncio.run(run_server(server_config, front=Console))
+        # Once up, the daemon's process collects garbage less often (see daemon._gc).
+        asyncio.run(run_server(server_config, front=Console, ready=lambda _url: tune_gc()))
 
 
 def mcp(ctx: typer.Context) -> None:
