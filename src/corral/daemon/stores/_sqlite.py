@@ -17,7 +17,7 @@ from corral.daemon._state import PROJECTIONS_VERSION, State, Tx, replay
 from corral.daemon.stores._base import MergeHook, Watchers, refuse_unstorable
 from corral.daemon.stores._group import CommitStats, GroupCommitter, Pending, Plan, plan
 from corral.daemon.stores._turns import SQLITE_SCHEMA as _TURNS_SCHEMA
-from corral.daemon.stores._turns import SQLiteTurns, TurnRow, TurnRows
+from corral.daemon.stores._turns import SQLiteTurns, Statement, TurnRow, TurnRows, execute
 from corral.kernel import SYSTEM_CLOCK, Clock, UsageError
 
 T = TypeVar("T")
@@ -146,16 +146,14 @@ class SQLiteStore(SQLiteTurns):
         try:
             for table in _PROJECTIONS:
                 conn.execute(f"DELETE FROM {table}")
-            self._write_projections(conn, state.agents, state.notices, state.decisions)
-            conn.executemany(
-                "INSERT OR REPLACE INTO commands (key, data) VALUES (?, ?)",
-                [(k, _dump(v)) for k, v in state.commands.items()],
+            execute(
+                conn,
+                [
+                    *self._projection_statements(state.agents, state.notices, state.decisions),
+                    *_keyed_statements(state.commands, state.tokens),
+                    *self._session_statements({}, dict(state.sessions)),
+                ],
             )
-            conn.executemany(
-                "INSERT OR REPLACE INTO tokens (name, data) VALUES (?, ?)",
-                [(k, _dump(v)) for k, v in state.tokens.items()],
-            )
-            self._write_sessions(conn, {}, dict(state.sessions))
             conn.execute(
                 "INSERT OR REPLACE INTO meta (key, value) VALUES ('projections', ?)",
                 (str(PROJECTIONS_VERSION),),
@@ -168,41 +166,47 @@ class SQLiteStore(SQLiteTurns):
         return state
 
     @staticmethod
-    def _write_projections(
-        conn: sqlite3.Connection, agents: Any, notices: Any, decisions: Any
-    ) -> None:
-        conn.executemany(
-            "INSERT OR REPLACE INTO agents (id, data) VALUES (?, ?)",
-            [(k, _dump(v)) for k, v in agents.items()],
-        )
-        conn.executemany(
-            "INSERT OR REPLACE INTO notices (id, data) VALUES (?, ?)",
-            [(k, _dump(v)) for k, v in notices.items()],
-        )
-        conn.executemany(
-            "INSERT OR REPLACE INTO decisions (id, data) VALUES (?, ?)",
-            [(k, _dump(v)) for k, v in decisions.items()],
-        )
+    def _projection_statements(agents: Any, notices: Any, decisions: Any) -> list[Statement]:
+        return [
+            (
+                "INSERT OR REPLACE INTO agents (id, data) VALUES (?, ?)",
+                [(k, _dump(v)) for k, v in agents.items()],
+            ),
+            (
+                "INSERT OR REPLACE INTO notices (id, data) VALUES (?, ?)",
+                [(k, _dump(v)) for k, v in notices.items()],
+            ),
+            (
+                "INSERT OR REPLACE INTO decisions (id, data) VALUES (?, ?)",
+                [(k, _dump(v)) for k, v in decisions.items()],
+            ),
+        ]
 
     @staticmethod
-    def _write_sessions(
-        conn: sqlite3.Connection, old: Mapping[str, Any], changed: Mapping[str, Any]
-    ) -> None:
-        """Write the sessions ``changed`` (None: deleted) from what they were (``old``): one
-        row per message, so only new messages are written."""
+    def _session_statements(old: Mapping[str, Any], changed: Mapping[str, Any]) -> list[Statement]:
+        """What writes the sessions ``changed`` (None: deleted) from what they were
+        (``old``): one row per message, so only new messages are written."""
+        statements: list[Statement] = []
         for agent_id, session in changed.items():
             rows = row_changes(old.get(agent_id, []), session)
             if rows.clear:
-                conn.execute("DELETE FROM session_messages WHERE agent_id = ?", (agent_id,))
-            elif rows.drop_below is not None:
-                conn.execute(
-                    "DELETE FROM session_messages WHERE agent_id = ? AND n < ?",
-                    (agent_id, rows.drop_below),
+                statements.append(
+                    ("DELETE FROM session_messages WHERE agent_id = ?", [(agent_id,)])
                 )
-            conn.executemany(
-                "INSERT OR REPLACE INTO session_messages (agent_id, n, data) VALUES (?, ?, ?)",
-                [(agent_id, m["n"], _dump(m)) for m in rows.insert],
+            elif rows.drop_below is not None:
+                statements.append(
+                    (
+                        "DELETE FROM session_messages WHERE agent_id = ? AND n < ?",
+                        [(agent_id, rows.drop_below)],
+                    )
+                )
+            statements.append(
+                (
+                    "INSERT OR REPLACE INTO session_messages (agent_id, n, data) VALUES (?, ?, ?)",
+                    [(agent_id, m["n"], _dump(m)) for m in rows.insert],
+                )
             )
+        return statements
 
     async def append(
         self, events: Sequence[NewEvent], *, turns: TurnRows | None = None
@@ -220,8 +224,11 @@ class SQLiteStore(SQLiteTurns):
         done = plan(self._state, group, self._clock.now().isoformat())
         if not done.written:
             return done  # every member refused: nothing to write
+        # Every row is made here, on the loop: the worker thread then only runs SQLite, which
+        # lets go of the GIL, instead of serialising JSON against the loop for the GIL.
+        statements = self._statements(done.written, done.tx, done.turn_rows)
         try:
-            await self._run(self._write, done.written, done.tx, done.turn_rows)
+            await self._run(self._write, statements)
         except sqlite3.OperationalError as exc:
             raise StoreUnavailableError(
                 f"sqlite:{self.path}", f"{type(exc).__name__}: {exc}"
@@ -230,27 +237,28 @@ class SQLiteStore(SQLiteTurns):
         self._watchers.merged(done.written, True)
         return done
 
-    def _write(self, events: list[Event], tx: Tx, turn_rows: Sequence[TurnRow] = ()) -> None:
+    def _statements(
+        self, events: list[Event], tx: Tx, turn_rows: Sequence[TurnRow] = ()
+    ) -> list[Statement]:
+        """What writes ``events`` and what they change (``tx``, ``turn_rows``)."""
+        statements: list[Statement] = [
+            (
+                "INSERT INTO events (seq, ts, type, agent_id, data) VALUES (?, ?, ?, ?, ?)",
+                [(e.seq, e.ts, e.type, e.agent_id, _dump(e.data)) for e in events],
+            ),
+            *self._projection_statements(tx.agents, tx.notices, tx.decisions),
+            *_keyed_statements(tx.commands, tx.tokens),
+            *self._session_statements(self._state.sessions, tx.sessions),
+        ]
+        for agent_id, notices in tx.deleted.items():
+            statements += self.agent_data_statements(agent_id, notices)
+        return statements + self.turn_statements(turn_rows)
+
+    def _write(self, statements: list[Statement]) -> None:
         conn = self._require()
         conn.execute("BEGIN IMMEDIATE")
         try:
-            conn.executemany(
-                "INSERT INTO events (seq, ts, type, agent_id, data) VALUES (?, ?, ?, ?, ?)",
-                [(e.seq, e.ts, e.type, e.agent_id, _dump(e.data)) for e in events],
-            )
-            self._write_projections(conn, tx.agents, tx.notices, tx.decisions)
-            conn.executemany(
-                "INSERT OR REPLACE INTO commands (key, data) VALUES (?, ?)",
-                [(k, _dump(v)) for k, v in tx.commands.items()],
-            )
-            conn.executemany(
-                "INSERT OR REPLACE INTO tokens (name, data) VALUES (?, ?)",
-                [(k, _dump(v)) for k, v in tx.tokens.items()],
-            )
-            self._write_sessions(conn, self._state.sessions, tx.sessions)
-            for agent_id, notices in tx.deleted.items():
-                self.delete_agent_data(conn, agent_id, notices)
-            self.write_turns(conn, turn_rows)
+            execute(conn, statements)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:  # SQLite may have rolled back by itself already
@@ -258,15 +266,16 @@ class SQLiteStore(SQLiteTurns):
             raise
 
     @staticmethod
-    def delete_agent_data(conn: sqlite3.Connection, agent_id: str, notices: Sequence[int]) -> None:
-        """Delete what is stored of a deleted agent (``agent.deleted``), in the caller's
-        transaction: its record, its session, its turn records and logs and the ``notices``
-        to it. Its events stay."""
-        conn.execute("DELETE FROM agents WHERE id = ?", (agent_id,))
-        conn.execute("DELETE FROM session_messages WHERE agent_id = ?", (agent_id,))
-        conn.execute("DELETE FROM turn_logs WHERE agent_id = ?", (agent_id,))
-        conn.execute("DELETE FROM turns WHERE agent_id = ?", (agent_id,))
-        conn.executemany("DELETE FROM notices WHERE id = ?", [(n,) for n in notices])
+    def agent_data_statements(agent_id: str, notices: Sequence[int]) -> list[Statement]:
+        """What deletes what is stored of a deleted agent (``agent.deleted``): its record,
+        its session, its turn records and logs and the ``notices`` to it. Its events stay."""
+        return [
+            ("DELETE FROM agents WHERE id = ?", [(agent_id,)]),
+            ("DELETE FROM session_messages WHERE agent_id = ?", [(agent_id,)]),
+            ("DELETE FROM turn_logs WHERE agent_id = ?", [(agent_id,)]),
+            ("DELETE FROM turns WHERE agent_id = ?", [(agent_id,)]),
+            ("DELETE FROM notices WHERE id = ?", [(n,) for n in notices]),
+        ]
 
     async def read(
         self, after: int = 0, *, agent_id: str | None = None, limit: int = 1000
@@ -320,3 +329,16 @@ class SQLiteStore(SQLiteTurns):
 
     def __repr__(self) -> str:
         return f"SQLiteStore({str(self.path)!r})"
+
+
+def _keyed_statements(commands: Mapping[str, Any], tokens: Mapping[str, Any]) -> list[Statement]:
+    return [
+        (
+            "INSERT OR REPLACE INTO commands (key, data) VALUES (?, ?)",
+            [(k, _dump(v)) for k, v in commands.items()],
+        ),
+        (
+            "INSERT OR REPLACE INTO tokens (name, data) VALUES (?, ?)",
+            [(k, _dump(v)) for k, v in tokens.items()],
+        ),
+    ]

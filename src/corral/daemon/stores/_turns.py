@@ -82,6 +82,32 @@ def _dump(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
+Statement = tuple[str, list[tuple[Any, ...]]]
+"""One SQLite statement and the rows it is run with (``executemany``): made where the JSON is
+serialised, run where the connection lives."""
+
+
+_ROWS_AT_ONCE = 200  # rows in one INSERT: at most 200 x 5 variables, far below SQLite's limit
+
+
+def execute(conn: sqlite3.Connection, statements: Sequence[Statement]) -> None:
+    """Run ``statements`` with ``conn``, in its transaction; a statement with no rows is
+    skipped. An ``INSERT ... VALUES (?, ...)`` of many rows goes as one statement with many
+    ``VALUES`` rows: the connection's thread then takes the GIL once a statement, not once a
+    row, and does not queue behind a busy event loop for every row."""
+    for text, rows in statements:
+        if not rows:
+            continue
+        head, values, tail = text.partition(" VALUES ")
+        if not values or len(rows) == 1:
+            conn.executemany(text, rows)
+            continue
+        for start in range(0, len(rows), _ROWS_AT_ONCE):
+            chunk = rows[start : start + _ROWS_AT_ONCE]
+            many = ", ".join([tail] * len(chunk))
+            conn.execute(f"{head} VALUES {many}", [v for row in chunk for v in row])
+
+
 class MemoryTurns:
     """:class:`TurnStore` in memory (lost with the process)."""
 
@@ -126,7 +152,7 @@ class SQLiteTurns:
         conn = self._require()
         conn.execute("BEGIN IMMEDIATE")
         try:
-            self.write_turns(conn, [(record, detail)])
+            execute(conn, self.turn_statements([(record, detail)]))
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -134,19 +160,21 @@ class SQLiteTurns:
             raise
 
     @staticmethod
-    def write_turns(conn: sqlite3.Connection, rows: Sequence[TurnRow]) -> None:
-        """Write turn ``rows`` in the caller's transaction (replacing what was there)."""
+    def turn_statements(rows: Sequence[TurnRow]) -> list[Statement]:
+        """What writes turn ``rows`` (replacing what was there)."""
         if not rows:
-            return
+            return []
         keys = [(str(record["agentId"]), int(record["turn"])) for record, _ in rows]
-        conn.executemany(
-            "INSERT OR REPLACE INTO turns (agent_id, n, data) VALUES (?, ?, ?)",
-            [(*key, _dump(record)) for key, (record, _) in zip(keys, rows, strict=True)],
-        )
-        conn.executemany(
-            "INSERT OR REPLACE INTO turn_logs (agent_id, n, logs) VALUES (?, ?, ?)",
-            [(*key, _dump(detail)) for key, (_, detail) in zip(keys, rows, strict=True)],
-        )
+        return [
+            (
+                "INSERT OR REPLACE INTO turns (agent_id, n, data) VALUES (?, ?, ?)",
+                [(*key, _dump(record)) for key, (record, _) in zip(keys, rows, strict=True)],
+            ),
+            (
+                "INSERT OR REPLACE INTO turn_logs (agent_id, n, logs) VALUES (?, ?, ?)",
+                [(*key, _dump(detail)) for key, (_, detail) in zip(keys, rows, strict=True)],
+            ),
+        ]
 
     async def list_turns(
         self, agent_id: str, *, before: int | None = None, limit: int = 50
@@ -351,9 +379,11 @@ __all__ = [
     "MemoryTurns",
     "PostgresTurns",
     "SQLiteTurns",
+    "Statement",
     "TurnRow",
     "TurnRows",
     "TurnStore",
+    "execute",
     "postgres_ddl",
     "turns_of",
 ]
