@@ -16,10 +16,6 @@ import asyncio
 import contextlib
 import json
 import os
-import re
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -30,6 +26,7 @@ from pathlib import Path
 import httpx
 
 from bench._harness import machine_busy_s, row
+from bench._serve import ServeProcess
 from bench.bench_daemon import PG_ADMIN, bare_postgres_commits
 
 AGENTS = 100
@@ -54,43 +51,12 @@ def database() -> Iterator[str]:
             admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
-class Daemon:
+class Daemon(ServeProcess):
     """A ``corral serve --node`` process."""
 
     def __init__(self, store: str, tmp: Path, name: str) -> None:
         self.name = name
-        self.log = tmp / f"{name}.log"
-        env = {**os.environ, "CORRAL_TOKEN": TOKEN}
-        env.pop("PYTHONDONTWRITEBYTECODE", None)
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "corral.cli", "serve", "--port", "0"),
-                    *("--store", store, "--home", str(tmp / name)),
-                    *("--node", name, "--lease-s", str(LEASE_S)),
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-            )
-        deadline = time.monotonic() + 120
-        while True:
-            found = re.search(r"listening on (http://\S+)", self.log.read_text(errors="replace"))
-            if found:
-                self.url = found.group(1)
-                return
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{name} did not start:\n{self.log.read_text()}")
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        super().__init__(store, tmp / name, TOKEN, "--node", name, "--lease-s", str(LEASE_S))
 
 
 @contextlib.contextmanager

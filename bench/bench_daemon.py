@@ -34,18 +34,15 @@ from pathlib import Path
 import httpx
 
 from bench._harness import machine_busy_s, row
+from bench._serve import ServeProcess
 from corral.daemon import (
     AgentService,
     NewEvent,
     PythonHarness,
-    ServeConfig,
     SQLiteStore,
     open_store,
-    read_token_file,
-    serve,
-    token_path,
 )
-from corral.daemon._gc import tune as tune_gc
+from corral.daemon._tuning import tune as tune_process
 from corral.daemon.stores import CommitStats, PostgresStore
 
 AGENTS = 100
@@ -122,7 +119,7 @@ async def turns_per_second(url: str, home: Path) -> TurnRun:
         await idle[agent_id].wait()
 
     await asyncio.gather(*(one_turn(a) for a in ids))  # warm-up
-    tune_gc()  # as `corral serve` does once it is up
+    tune_process()  # as `corral serve` does once it is up
     end = time.perf_counter() + SECONDS
     done = 0
 
@@ -274,19 +271,18 @@ async def restart_seconds(url: str, home: Path) -> tuple[float, int]:
 
 
 async def sse_latency(url: str, home: Path) -> list[float]:
-    """Milliseconds from each state change's commit (its ``ts``) to its SSE arrival."""
-    bound: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    config = ServeConfig(port=0, home=home, store=url)
-    server = asyncio.create_task(
-        serve(config, harnesses={"python": PythonHarness()}, ready=bound.set_result)
-    )
+    """Milliseconds from each state change's commit (its ``ts``) to its SSE arrival, at a
+    client outside the daemon: a real ``corral serve`` process, this process the client.
+
+    (Until 2026-12-02 the daemon ran inside this process: its event loop then also ran the
+    client, whose reads waited behind the daemon's work, so the figure measured the shared
+    loop rather than the daemon.)"""
+    token = "bench-sse-" + uuid.uuid4().hex
+    daemon = await asyncio.to_thread(ServeProcess, url, home, token)
     latencies: list[float] = []
     try:
-        base = await asyncio.wait_for(bound, 30)
-        # The token serve made in its home (none was given); every request carries it.
-        token = config.token or read_token_file(token_path(home))
         headers = {"Authorization": f"Bearer {token}"}
-        async with httpx.AsyncClient(base_url=base, headers=headers, timeout=30) as client:
+        async with httpx.AsyncClient(base_url=daemon.url, headers=headers, timeout=30) as client:
             ids = []
             for i in range(SSE_AGENTS):
                 ids.append(
@@ -305,21 +301,18 @@ async def sse_latency(url: str, home: Path) -> list[float]:
                                 latencies.append((time.time() - ts) * 1000)
 
             listener = asyncio.create_task(listen())
-            for _ in range(SSE_ROUNDS):
+            # Each turn is two state changes (running, then idle): a round is over once the
+            # stream has brought both of every agent's.
+            for done in range(1, SSE_ROUNDS + 1):
                 await asyncio.gather(
                     *(client.post(f"/agents/{a}/prompt", json={"text": "x"}) for a in ids)
                 )
-                while True:
-                    agents = (await client.get("/agents")).json()["agents"]
-                    if all(a["state"] == "idle" for a in agents):
-                        break
-                    await asyncio.sleep(0.005)
-            expected = 2 * SSE_ROUNDS * SSE_AGENTS  # running, then idle, per turn
-            await wait_until(lambda: len(latencies) >= expected, 30)
+                expected = 2 * SSE_AGENTS * done
+                await wait_until(lambda: len(latencies) >= expected, 30)  # noqa: B023
             listener.cancel()
+            await asyncio.gather(listener, return_exceptions=True)
     finally:
-        server.cancel()
-        await asyncio.gather(server, return_exceptions=True)
+        await asyncio.to_thread(daemon.stop)
     return latencies
 
 

@@ -135,10 +135,10 @@ def serve(
 ) -> None:
     """Run the daemon until interrupted."""
     from corral.console import Console
-    from corral.daemon._gc import tune as tune_gc
     from corral.daemon._server import ServeConfig, log_to_stderr
     from corral.daemon._server import serve as run_server
     from corral.daemon._targets import parse_db_option, parse_db_setting, target_options
+    from corral.daemon._tuning import tune as tune_process
 
     config: dict[str, Any] = {"host": host, "port": port, "token": token or target(ctx).given}
     with refusals():
@@ -167,8 +167,8 @@ def serve(
     with refusals(), suppress(KeyboardInterrupt):
         server_config = ServeConfig(**config)
         log_to_stderr(log_format=log_format)
-        # Once up, the daemon's process collects garbage less often (see daemon._gc).
-        asyncio.run(run_server(server_config, front=Console, ready=lambda _url: tune_gc()))
+        # Once up, the daemon's process is set for its work (see daemon._tuning).
+        asyncio.run(run_server(server_config, front=Console, ready=lambda _url: tune_process()))
 
 
 def mcp(ctx: typer.Context) -> None:
