@@ -25,7 +25,7 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -288,6 +288,12 @@ async def sse_latency(url: str, home: Path) -> list[float]:
                 ids.append(
                     (await client.post("/agents", json={**SPEC, "name": f"sse-{i}"})).json()["id"]
                 )
+            # One untimed turn each first, which starts each agent's worker (a fork, as in
+            # turns_per_second): the rounds measure a daemon at work, not its first forks.
+            first = {"agent.turn_completed", "agent.turn_failed"}
+            for agent_id in ids:
+                await client.post(f"/agents/{agent_id}/prompt", json={"text": "x"})
+            await wait_until_async(lambda: _ended_turns(client, first), SSE_AGENTS)
             after = (await client.get("/events", params={"format": "json"})).json()["lastSeq"]
 
             async def listen() -> None:
@@ -314,6 +320,21 @@ async def sse_latency(url: str, home: Path) -> list[float]:
     finally:
         await asyncio.to_thread(daemon.stop)
     return latencies
+
+
+async def _ended_turns(client: httpx.AsyncClient, types: set[str]) -> int:
+    """How many turns have ended in the daemon's log so far."""
+    page = (await client.get("/events", params={"format": "json", "limit": "1000"})).json()
+    return sum(1 for event in page["events"] if event["type"] in types)
+
+
+async def wait_until_async(count: Callable[[], Awaitable[int]], at_least: int) -> None:
+    """Poll ``count()`` (a request to the daemon) every 50 ms until it reaches ``at_least``."""
+    deadline = time.perf_counter() + 60
+    while await count() < at_least:
+        if time.perf_counter() > deadline:
+            raise TimeoutError("the benchmark did not settle")
+        await asyncio.sleep(0.05)
 
 
 async def wait_until(condition: Callable[[], bool], within_s: float = 60.0) -> None:
