@@ -4,20 +4,11 @@ their run; and through the service, the turns of different runs commit together.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 from corral.daemon import AgentService, SQLiteStore
 from corral.daemon._run_locks import RunLocks
-
-
-async def _settle(condition: Callable[[], bool], rounds: int = 200) -> None:
-    """Let the loop run until ``condition`` holds (bounded)."""
-    for _ in range(rounds):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("the condition did not hold")
+from tests.support.polling import idle, settle
 
 
 class _Probe:
@@ -43,7 +34,7 @@ async def test_steps_of_different_runs_hold_their_locks_at_once() -> None:
     locks, probe = RunLocks(), _Probe()
     a = probe.hold("a", locks.run("run-1"))
     b = probe.hold("b", locks.run("run-2"))
-    await _settle(lambda: sorted(probe.inside) == ["a", "b"])
+    await settle(lambda: sorted(probe.inside) == ["a", "b"])
     probe.release["a"].set()
     probe.release["b"].set()
     await asyncio.gather(a, b)
@@ -53,13 +44,12 @@ async def test_steps_of_different_runs_hold_their_locks_at_once() -> None:
 async def test_steps_of_one_run_wait_for_each_other() -> None:
     locks, probe = RunLocks(), _Probe()
     a = probe.hold("a", locks.run("run-1"))
-    await _settle(lambda: probe.inside == ["a"])
+    await settle(lambda: probe.inside == ["a"])
     b = probe.hold("b", locks.run("run-1"))
-    for _ in range(20):
-        await asyncio.sleep(0)
+    await idle()
     assert probe.inside == ["a"]
     probe.release["a"].set()
-    await _settle(lambda: probe.inside == ["b"])
+    await settle(lambda: probe.inside == ["b"])
     probe.release["b"].set()
     await asyncio.gather(a, b)
 
@@ -67,13 +57,13 @@ async def test_steps_of_one_run_wait_for_each_other() -> None:
 async def test_one_idempotency_key_is_answered_one_step_after_the_other_across_runs() -> None:
     locks, probe = RunLocks(), _Probe()
     a = probe.hold("a", locks.run("run-1", key="k"))
-    await _settle(lambda: probe.inside == ["a"])
+    await settle(lambda: probe.inside == ["a"])
     b = probe.hold("b", locks.run("run-2", key="k"))
     c = probe.hold("c", locks.run("run-3", key="other"))
-    await _settle(lambda: "c" in probe.inside)
+    await settle(lambda: "c" in probe.inside)
     assert "b" not in probe.inside
     probe.release["a"].set()
-    await _settle(lambda: "b" in probe.inside)
+    await settle(lambda: "b" in probe.inside)
     probe.release["b"].set()
     probe.release["c"].set()
     await asyncio.gather(a, b, c)
@@ -82,19 +72,18 @@ async def test_one_idempotency_key_is_answered_one_step_after_the_other_across_r
 async def test_exclusive_waits_for_run_steps_and_keeps_new_ones_out() -> None:
     locks, probe = RunLocks(), _Probe()
     a = probe.hold("a", locks.run("run-1"))
-    await _settle(lambda: probe.inside == ["a"])
+    await settle(lambda: probe.inside == ["a"])
     x = probe.hold("x", locks.exclusive())
     await asyncio.sleep(0)
     # A step that comes after the exclusive holder began to wait waits behind it: a stream
     # of turns cannot hold a command off.
     b = probe.hold("b", locks.run("run-2"))
-    for _ in range(20):
-        await asyncio.sleep(0)
+    await idle()
     assert probe.inside == ["a"]
     probe.release["a"].set()
-    await _settle(lambda: probe.inside == ["x"])
+    await settle(lambda: probe.inside == ["x"])
     probe.release["x"].set()
-    await _settle(lambda: probe.inside == ["b"])
+    await settle(lambda: probe.inside == ["b"])
     probe.release["b"].set()
     await asyncio.gather(a, x, b)
     assert not locks.held()
@@ -103,13 +92,12 @@ async def test_exclusive_waits_for_run_steps_and_keeps_new_ones_out() -> None:
 async def test_exclusive_holders_exclude_each_other() -> None:
     locks, probe = RunLocks(), _Probe()
     x = probe.hold("x", locks.exclusive())
-    await _settle(lambda: probe.inside == ["x"])
+    await settle(lambda: probe.inside == ["x"])
     y = probe.hold("y", locks.exclusive())
-    for _ in range(20):
-        await asyncio.sleep(0)
+    await idle()
     assert probe.inside == ["x"]
     probe.release["x"].set()
-    await _settle(lambda: probe.inside == ["y"])
+    await settle(lambda: probe.inside == ["y"])
     probe.release["y"].set()
     await asyncio.gather(x, y)
 
@@ -117,11 +105,10 @@ async def test_exclusive_holders_exclude_each_other() -> None:
 async def test_a_waiter_cancelled_leaves_the_locks_usable() -> None:
     locks, probe = RunLocks(), _Probe()
     a = probe.hold("a", locks.run("run-1", key="k"))
-    await _settle(lambda: probe.inside == ["a"])
+    await settle(lambda: probe.inside == ["a"])
     x = probe.hold("x", locks.exclusive())
     b = probe.hold("b", locks.run("run-1", key="k"))
-    for _ in range(5):
-        await asyncio.sleep(0)
+    await idle(5)
     x.cancel()
     b.cancel()
     await asyncio.gather(x, b, return_exceptions=True)
@@ -130,11 +117,11 @@ async def test_a_waiter_cancelled_leaves_the_locks_usable() -> None:
     assert not locks.held()
     # Nothing was left claimed: a new step of the run and key, and a command, go in.
     c = probe.hold("c", locks.run("run-1", key="k"))
-    await _settle(lambda: probe.inside == ["c"])
+    await settle(lambda: probe.inside == ["c"])
     probe.release["c"].set()
     await c
     y = probe.hold("y", locks.exclusive())
-    await _settle(lambda: probe.inside == ["y"])
+    await settle(lambda: probe.inside == ["y"])
     probe.release["y"].set()
     await y
 
