@@ -56,8 +56,7 @@ class TurnTimer:
         v.positive_number(where, "recheck_s", recheck_s)
         if paused_s is not None:
             v.callable_(where, "paused_s", paused_s)
-        if clock is not SYSTEM_CLOCK:  # a Clock; checking a Protocol costs ~10 us per turn
-            v.instance_of(where, "clock", clock, Clock)
+        v.instance_of(where, "clock", clock, Clock)
         self.timeout_s = float(timeout_s)
         self.recheck_s = float(recheck_s)
         self.clock = clock
