@@ -168,18 +168,9 @@ class SQLiteStore(SQLiteTurns):
     @staticmethod
     def _projection_statements(agents: Any, notices: Any, decisions: Any) -> list[Statement]:
         return [
-            (
-                "INSERT OR REPLACE INTO agents (id, data) VALUES (?, ?)",
-                [(k, _dump(v)) for k, v in agents.items()],
-            ),
-            (
-                "INSERT OR REPLACE INTO notices (id, data) VALUES (?, ?)",
-                [(k, _dump(v)) for k, v in notices.items()],
-            ),
-            (
-                "INSERT OR REPLACE INTO decisions (id, data) VALUES (?, ?)",
-                [(k, _dump(v)) for k, v in decisions.items()],
-            ),
+            _upsert("agents", "id", agents),
+            _upsert("notices", "id", notices),
+            _upsert("decisions", "id", decisions),
         ]
 
     @staticmethod
@@ -332,13 +323,12 @@ class SQLiteStore(SQLiteTurns):
 
 
 def _keyed_statements(commands: Mapping[str, Any], tokens: Mapping[str, Any]) -> list[Statement]:
-    return [
-        (
-            "INSERT OR REPLACE INTO commands (key, data) VALUES (?, ?)",
-            [(k, _dump(v)) for k, v in commands.items()],
-        ),
-        (
-            "INSERT OR REPLACE INTO tokens (name, data) VALUES (?, ?)",
-            [(k, _dump(v)) for k, v in tokens.items()],
-        ),
-    ]
+    return [_upsert("commands", "key", commands), _upsert("tokens", "name", tokens)]
+
+
+def _upsert(table: str, key: str, rows: Mapping[Any, Any]) -> Statement:
+    """Rows of a projection table (``key``, ``data``) written over what was there."""
+    return (
+        f"INSERT OR REPLACE INTO {table} ({key}, data) VALUES (?, ?)",
+        [(k, _dump(v)) for k, v in rows.items()],
+    )
