@@ -110,7 +110,9 @@ def run_scenario(cluster: Cluster, leftovers: list[int], tails: list[EventTail])
         for via in cluster.nodes:
             if via == node:
                 continue
-            cluster.until_state(agent, "idle", via=via)
+            # Idle as its owner sees it: another daemon may not have read the last prompt's
+            # turn yet, and would show the agent idle while it runs.
+            cluster.until_state(agent, "idle", via=node)
             text = f"p-{node}-via-{via}"
             prompt(cluster, agent, text, via)
             sent[node].append(text)
